@@ -1,0 +1,21 @@
+//! Compiles proto/ without a system protoc: protox parses the files, the
+//! descriptor set is kept for gRPC reflection and JSON codecs, and
+//! tonic-prost-build generates the Rust types and service code.
+use std::path::PathBuf;
+
+use prost::Message;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/felixbackend.proto", "proto/vxmgr.proto"];
+    for p in protos {
+        println!("cargo:rerun-if-changed={p}");
+    }
+    let descriptors = protox::compile(protos, ["proto"])?;
+    let out_dir = PathBuf::from(std::env::var("OUT_DIR")?);
+    std::fs::write(
+        out_dir.join("vxmgr_descriptor.bin"),
+        descriptors.encode_to_vec(),
+    )?;
+    tonic_prost_build::configure().compile_fds(descriptors)?;
+    Ok(())
+}

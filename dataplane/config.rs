@@ -1,0 +1,271 @@
+//! Dataplane settings: Felix's defaults, overridden by the calc process's
+//! ConfigUpdate, overridden by explicit command-line flags.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use ipnetwork::IpNetwork;
+
+use crate::model::update::{Rejection, parse_cidr, quote};
+
+/// The settings in effect.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    pub vni: u32,
+    pub port: u16,
+    /// `None`: the parent interface's MTU minus the encapsulation overhead.
+    pub mtu_v4: Option<u32>,
+    pub mtu_v6: Option<u32>,
+    pub route_protocol: u8,
+    pub external_nodes: Vec<IpNetwork>,
+    /// `None`: no periodic resync.
+    pub route_refresh_interval: Option<Duration>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            vni: 4096,
+            port: 4789,
+            mtu_v4: None,
+            mtu_v6: None,
+            route_protocol: 80,
+            external_nodes: Vec::new(),
+            route_refresh_interval: Some(Duration::from_secs(90)),
+        }
+    }
+}
+
+/// Values one source sets; unset fields fall through to the next source.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SettingsLayer {
+    pub vni: Option<u32>,
+    pub port: Option<u16>,
+    pub mtu_v4: Option<Option<u32>>,
+    pub mtu_v6: Option<Option<u32>>,
+    pub route_protocol: Option<u8>,
+    pub external_nodes: Option<Vec<IpNetwork>>,
+    pub route_refresh_interval: Option<Option<Duration>>,
+}
+
+impl SettingsLayer {
+    fn over(&self, base: Settings) -> Settings {
+        Settings {
+            vni: self.vni.unwrap_or(base.vni),
+            port: self.port.unwrap_or(base.port),
+            mtu_v4: self.mtu_v4.unwrap_or(base.mtu_v4),
+            mtu_v6: self.mtu_v6.unwrap_or(base.mtu_v6),
+            route_protocol: self.route_protocol.unwrap_or(base.route_protocol),
+            external_nodes: self.external_nodes.clone().unwrap_or(base.external_nodes),
+            route_refresh_interval: self
+                .route_refresh_interval
+                .unwrap_or(base.route_refresh_interval),
+        }
+    }
+}
+
+/// The three sources of settings.
+#[derive(Clone, Debug, Default)]
+pub struct Config {
+    from_calc: SettingsLayer,
+    from_flags: SettingsLayer,
+}
+
+impl Config {
+    pub fn new(from_flags: SettingsLayer) -> Config {
+        Config {
+            from_calc: SettingsLayer::default(),
+            from_flags,
+        }
+    }
+
+    pub fn settings(&self) -> Settings {
+        self.from_flags
+            .over(self.from_calc.over(Settings::default()))
+    }
+
+    /// Takes a ConfigUpdate's map as the calc process's complete config: keys
+    /// it no longer sets return to their defaults. A key with a bad value keeps
+    /// its previous value and is reported; the other keys still apply.
+    pub fn apply_update(&mut self, config: &BTreeMap<String, String>) -> Result<(), Rejection> {
+        let mut next = SettingsLayer::default();
+        let mut errors = Vec::new();
+        let previous = &self.from_calc;
+        let field = |key: &'static str| config.get(key).map(|v| (key, v.trim()));
+        if let Some((k, v)) = field("VXLANVNI") {
+            next.vni = parse(k, v, parse_vni).or_keep(previous.vni, &mut errors);
+        }
+        if let Some((k, v)) = field("VXLANPort") {
+            next.port = parse(k, v, parse_port).or_keep(previous.port, &mut errors);
+        }
+        if let Some((k, v)) = field("VXLANMTU") {
+            next.mtu_v4 = parse(k, v, |v| parse_mtu(v, 68)).or_keep(previous.mtu_v4, &mut errors);
+        }
+        if let Some((k, v)) = field("VXLANMTUV6") {
+            next.mtu_v6 = parse(k, v, |v| parse_mtu(v, 1280)).or_keep(previous.mtu_v6, &mut errors);
+        }
+        if let Some((k, v)) = field("DeviceRouteProtocol") {
+            next.route_protocol =
+                parse(k, v, parse_protocol).or_keep(previous.route_protocol, &mut errors);
+        }
+        if let Some((k, v)) = field("ExternalNodesCIDRList") {
+            next.external_nodes =
+                parse(k, v, parse_cidr_list).or_keep(previous.external_nodes.clone(), &mut errors);
+        }
+        if let Some((k, v)) = field("RouteRefreshInterval") {
+            next.route_refresh_interval = parse(k, v, parse_refresh_seconds)
+                .or_keep(previous.route_refresh_interval, &mut errors);
+        }
+        self.from_calc = next;
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(Rejection(errors.join("; ")))
+        }
+    }
+}
+
+/// A parsed config value, or why the key's previous value is kept.
+struct Parsed<T>(Result<T, String>);
+
+impl<T> Parsed<T> {
+    fn or_keep(self, previous: Option<T>, errors: &mut Vec<String>) -> Option<T> {
+        match self.0 {
+            Ok(v) => Some(v),
+            Err(e) => {
+                errors.push(e);
+                previous
+            }
+        }
+    }
+}
+
+fn parse<T>(key: &str, value: &str, f: impl FnOnce(&str) -> Result<T, String>) -> Parsed<T> {
+    Parsed(f(value).map_err(|why| format!("config {key} {}: {why}", quote(value))))
+}
+
+pub fn parse_vni(v: &str) -> Result<u32, String> {
+    match v.parse::<u32>() {
+        Ok(n @ 1..=0xff_ffff) => Ok(n),
+        _ => Err("VNI must be an integer from 1 to 16777215".into()),
+    }
+}
+
+pub fn parse_port(v: &str) -> Result<u16, String> {
+    match v.parse::<u16>() {
+        Ok(n @ 1..) => Ok(n),
+        _ => Err("port must be an integer from 1 to 65535".into()),
+    }
+}
+
+/// 0 means "derive from the parent interface".
+fn parse_mtu(v: &str, min: u32) -> Result<Option<u32>, String> {
+    match v.parse::<u32>() {
+        Ok(0) => Ok(None),
+        Ok(n) if (min..=65535).contains(&n) => Ok(Some(n)),
+        _ => Err(format!(
+            "MTU must be 0 (automatic) or an integer from {min} to 65535"
+        )),
+    }
+}
+
+pub fn parse_protocol(v: &str) -> Result<u8, String> {
+    match v.parse::<u8>() {
+        Ok(n @ 1..) => Ok(n),
+        _ => Err("route protocol must be an integer from 1 to 255".into()),
+    }
+}
+
+fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
+    v.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| parse_cidr("CIDR", s).map_err(|e| e.0))
+        .collect()
+}
+
+/// Felix gives intervals in seconds; 0 turns the periodic refresh off.
+fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
+    match v.parse::<f64>() {
+        Ok(s) if s == 0.0 => Ok(None),
+        Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+        _ => Err("interval must be a number of seconds".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_follow_felix() {
+        let s = Config::default().settings();
+        assert_eq!((s.vni, s.port, s.route_protocol), (4096, 4789, 80));
+        assert_eq!((s.mtu_v4, s.mtu_v6), (None, None));
+        assert_eq!(s.route_refresh_interval, Some(Duration::from_secs(90)));
+    }
+
+    #[test]
+    fn calc_overrides_defaults_and_flags_override_both() {
+        let mut c = Config::new(SettingsLayer {
+            port: Some(8472),
+            ..Default::default()
+        });
+        c.apply_update(&map(&[
+            ("VXLANVNI", "1"),
+            ("VXLANPort", "4790"),
+            ("VXLANMTU", "1400"),
+            ("ExternalNodesCIDRList", "10.1.0.0/16, 10.2.0.1"),
+            ("RouteRefreshInterval", "0"),
+            ("SomethingElse", "x"),
+        ]))
+        .unwrap();
+        let s = c.settings();
+        assert_eq!((s.vni, s.port, s.mtu_v4), (1, 8472, Some(1400)));
+        assert_eq!(s.external_nodes.len(), 2);
+        assert_eq!(s.external_nodes[1].to_string(), "10.2.0.1/32");
+        assert_eq!(s.route_refresh_interval, None);
+    }
+
+    #[test]
+    fn bad_values_are_named_and_keep_the_previous_value() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[("VXLANVNI", "5000"), ("VXLANPort", "4790")]))
+            .unwrap();
+        let err = c
+            .apply_update(&map(&[
+                ("VXLANVNI", "16777216"),
+                ("VXLANPort", "0"),
+                ("VXLANMTU", "1300"),
+                ("VXLANMTUV6", "1000"),
+                ("ExternalNodesCIDRList", "10.0.0.0/8,bogus"),
+            ]))
+            .unwrap_err();
+        for part in [
+            "VXLANVNI \"16777216\"",
+            "VXLANPort \"0\"",
+            "VXLANMTUV6 \"1000\"",
+            "ExternalNodesCIDRList \"10.0.0.0/8,bogus\"",
+        ] {
+            assert!(err.0.contains(part), "{part} missing from {err}");
+        }
+        let s = c.settings();
+        assert_eq!((s.vni, s.port, s.mtu_v4), (5000, 4790, Some(1300)));
+        assert!(s.external_nodes.is_empty());
+    }
+
+    #[test]
+    fn keys_no_longer_sent_return_to_defaults() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[("VXLANVNI", "5000")])).unwrap();
+        c.apply_update(&map(&[])).unwrap();
+        assert_eq!(c.settings().vni, 4096);
+    }
+}

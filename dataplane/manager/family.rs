@@ -1,0 +1,565 @@
+//! One IP family's VXLAN manager: Felix's rules (DESIGN.md §4), incremental.
+//!
+//! `on_*` methods record intent and mark the keys they touch dirty;
+//! `complete_deferred_work` re-derives only those keys. Each derivation is a
+//! `desired_*` function of the current intent, which the full snapshot for
+//! GetState uses too, so the delta and the snapshot cannot disagree.
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use ipnetwork::IpNetwork;
+
+use crate::config::Settings;
+use crate::desired::{
+    Change, Delta, Desired, FdbEntry, FdbKey, IpsetMember, Neighbor, NexthopKey, ParentInterface,
+    Route, RouteTarget, TunnelNexthop, VxlanDevice,
+};
+use crate::model::update::{Rejection, quote};
+use crate::model::{Family, MacAddr, RemoteRouteKind, RouteIntent, VtepAddresses, VtepUpdate};
+
+/// The settings that matter to one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FamilySettings {
+    pub vni: u32,
+    pub port: u16,
+    pub mtu: Option<u32>,
+    pub route_protocol: u8,
+    pub external_nodes: Vec<IpNetwork>,
+}
+
+impl FamilySettings {
+    pub fn from_settings(family: Family, s: &Settings) -> FamilySettings {
+        FamilySettings {
+            vni: s.vni,
+            port: s.port,
+            mtu: match family {
+                Family::V4 => s.mtu_v4,
+                Family::V6 => s.mtu_v6,
+            },
+            route_protocol: s.route_protocol,
+            external_nodes: s
+                .external_nodes
+                .iter()
+                .filter(|n| Family::of_net(n) == family)
+                .copied()
+                .collect(),
+        }
+    }
+}
+
+/// A route to another node's pods or tunnel address.
+#[derive(Clone, Debug)]
+struct RemoteRoute {
+    node: Arc<str>,
+    kind: RemoteRouteKind,
+    /// The node's own address, when the route may bypass the tunnel.
+    direct_via: Option<IpAddr>,
+}
+
+/// A route the manager wants but cannot program until the node's VTEP is known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitingRoute {
+    pub dst: IpNetwork,
+    pub node: Arc<str>,
+}
+
+/// Everything one family wants, for GetState.
+#[derive(Clone, Debug, Default)]
+pub struct FamilySnapshot {
+    pub device: Option<VxlanDevice>,
+    pub parent: Option<ParentInterface>,
+    pub local_vtep: Option<(Arc<str>, VtepAddresses)>,
+    pub remote_vteps: Vec<(Arc<str>, VtepAddresses)>,
+    pub routes: Vec<Route>,
+    pub waiting_routes: Vec<WaitingRoute>,
+    pub neighbors: Vec<Neighbor>,
+    pub fdb: Vec<FdbEntry>,
+    pub ipset: Vec<IpsetMember>,
+}
+
+/// Keys whose desired state may have changed since the last delta.
+#[derive(Debug, Default)]
+struct Dirty {
+    device: bool,
+    routes: HashSet<IpNetwork>,
+    nexthops: HashSet<Arc<str>>,
+    neighbors: HashSet<IpAddr>,
+    fdb: HashSet<MacAddr>,
+    ipset: HashSet<IpNetwork>,
+}
+
+pub struct FamilyManager {
+    family: Family,
+    hostname: Arc<str>,
+    settings: FamilySettings,
+    local_vtep: Option<VtepAddresses>,
+    parent: Option<ParentInterface>,
+    remote_vteps: HashMap<Arc<str>, VtepAddresses>,
+    node_by_mac: HashMap<MacAddr, Arc<str>>,
+    node_by_tunnel_ip: HashMap<IpAddr, Arc<str>>,
+    /// How many reasons each ipset member has to be there (external CIDR,
+    /// parent address of one or more VTEPs).
+    ipset_refs: HashMap<IpNetwork, u32>,
+    remote_routes: HashMap<IpNetwork, RemoteRoute>,
+    local_blocks: HashSet<IpNetwork>,
+    routes_by_node: HashMap<Arc<str>, HashSet<IpNetwork>>,
+    /// Remote routes that go direct when the parent interface is known.
+    direct_routes: HashSet<IpNetwork>,
+    dirty: Dirty,
+}
+
+impl FamilyManager {
+    pub fn new(family: Family, hostname: Arc<str>, settings: FamilySettings) -> FamilyManager {
+        let mut m = FamilyManager {
+            family,
+            hostname,
+            settings: FamilySettings {
+                external_nodes: Vec::new(),
+                ..settings.clone()
+            },
+            local_vtep: None,
+            parent: None,
+            remote_vteps: HashMap::new(),
+            node_by_mac: HashMap::new(),
+            node_by_tunnel_ip: HashMap::new(),
+            ipset_refs: HashMap::new(),
+            remote_routes: HashMap::new(),
+            local_blocks: HashSet::new(),
+            routes_by_node: HashMap::new(),
+            direct_routes: HashSet::new(),
+            dirty: Dirty::default(),
+        };
+        m.set_settings(settings);
+        m
+    }
+
+    pub fn family(&self) -> Family {
+        self.family
+    }
+
+    pub fn parent(&self) -> Option<&ParentInterface> {
+        self.parent.as_ref()
+    }
+
+    /// The underlay address the local VTEP sends from: the parent interface
+    /// is whichever interface holds it.
+    pub fn parent_ip(&self) -> Option<IpAddr> {
+        self.local_vtep.as_ref().map(|v| v.parent_ip)
+    }
+
+    pub fn set_settings(&mut self, settings: FamilySettings) {
+        let old = std::mem::replace(&mut self.settings, settings);
+        let new = self.settings.clone();
+        if (old.vni, old.port, old.mtu) != (new.vni, new.port, new.mtu) {
+            self.dirty.device = true;
+        }
+        if old.mtu != new.mtu || old.route_protocol != new.route_protocol {
+            self.mark_all_routes_dirty();
+        }
+        if old.route_protocol != new.route_protocol {
+            self.dirty
+                .nexthops
+                .extend(self.remote_vteps.keys().cloned());
+        }
+        for net in old.external_nodes {
+            self.unref_ipset(net);
+        }
+        for net in new.external_nodes {
+            self.ref_ipset(net);
+        }
+    }
+
+    /// The interface holding the local VTEP's parent address, as the kernel
+    /// reports it (`None`: not found).
+    pub fn set_parent(&mut self, parent: Option<ParentInterface>) {
+        if self.parent == parent {
+            return;
+        }
+        let old_mtu = self.tunnel_mtu();
+        self.parent = parent;
+        self.dirty.device = true;
+        if self.tunnel_mtu() != old_mtu {
+            self.mark_all_routes_dirty();
+        } else {
+            self.dirty.routes.extend(self.direct_routes.iter().copied());
+        }
+    }
+
+    fn mark_all_routes_dirty(&mut self) {
+        self.dirty.routes.extend(self.remote_routes.keys().copied());
+        self.dirty.routes.extend(self.local_blocks.iter().copied());
+    }
+
+    /// Felix's RouteUpdate: forget `dst`, then keep it if it is a remote route
+    /// or a local block. Returns false when the update had no effect.
+    pub fn on_route(&mut self, route: RouteIntent) -> bool {
+        debug_assert_eq!(route.family(), self.family);
+        let forgot = self.forget_route(route.dst);
+        if let Some(kind) = route.remote_kind() {
+            let node = self.intern_node(&route.node);
+            self.routes_by_node
+                .entry(node.clone())
+                .or_default()
+                .insert(route.dst);
+            let direct_via = route.node_ip.filter(|_| route.prefers_direct());
+            if direct_via.is_some() {
+                self.direct_routes.insert(route.dst);
+            }
+            self.remote_routes.insert(
+                route.dst,
+                RemoteRoute {
+                    node,
+                    kind,
+                    direct_via,
+                },
+            );
+        } else if route.is_local_block() {
+            self.local_blocks.insert(route.dst);
+        } else {
+            return forgot;
+        }
+        self.dirty.routes.insert(route.dst);
+        true
+    }
+
+    /// RouteRemove. Returns false for a `dst` that was not known.
+    pub fn on_route_remove(&mut self, dst: IpNetwork) -> bool {
+        self.forget_route(dst)
+    }
+
+    fn forget_route(&mut self, dst: IpNetwork) -> bool {
+        let remote = self.remote_routes.remove(&dst);
+        if let Some(r) = &remote {
+            if let Some(set) = self.routes_by_node.get_mut(&r.node) {
+                set.remove(&dst);
+                if set.is_empty() {
+                    self.routes_by_node.remove(&r.node);
+                }
+            }
+            self.direct_routes.remove(&dst);
+        }
+        let local = self.local_blocks.remove(&dst);
+        let forgot = remote.is_some() || local;
+        if forgot {
+            self.dirty.routes.insert(dst);
+        }
+        forgot
+    }
+
+    /// Reuses the node name already held, so each node's name is stored once.
+    fn intern_node(&self, node: &str) -> Arc<str> {
+        self.routes_by_node
+            .get_key_value(node)
+            .map(|(k, _)| k.clone())
+            .or_else(|| {
+                self.remote_vteps
+                    .get_key_value(node)
+                    .map(|(k, _)| k.clone())
+            })
+            .unwrap_or_else(|| Arc::from(node))
+    }
+
+    /// Checks a VTEP update against the VTEPs already known, before anything
+    /// of it is applied: two nodes may not claim the same MAC or tunnel address.
+    pub fn check_vtep(&self, update: &VtepUpdate) -> Result<(), Rejection> {
+        let Some(addrs) = update.addresses(self.family) else {
+            return Ok(());
+        };
+        if *update.node == *self.hostname {
+            return Ok(());
+        }
+        let conflict = |owner: Option<&Arc<str>>| owner.filter(|o| ***o != *update.node).cloned();
+        if let Some(other) = conflict(self.node_by_mac.get(&addrs.mac)) {
+            return Err(Rejection(format!(
+                "vtep_update for node {}: {} mac {} is already the VTEP MAC of node {}",
+                quote(&update.node),
+                self.family,
+                addrs.mac,
+                quote(&other)
+            )));
+        }
+        if let Some(other) = conflict(self.node_by_tunnel_ip.get(&addrs.tunnel_ip)) {
+            return Err(Rejection(format!(
+                "vtep_update for node {}: tunnel address {} is already the tunnel address of node {}",
+                quote(&update.node),
+                addrs.tunnel_ip,
+                quote(&other)
+            )));
+        }
+        Ok(())
+    }
+
+    /// A VTEP update (already checked). Updates without an address for this
+    /// family are not for us. Returns false when ignored.
+    pub fn on_vtep(&mut self, update: &VtepUpdate) -> bool {
+        let Some(addrs) = update.addresses(self.family) else {
+            return false;
+        };
+        if *update.node == *self.hostname {
+            if self.local_vtep.as_ref() != Some(addrs) {
+                self.local_vtep = Some(addrs.clone());
+                self.dirty.device = true;
+            }
+            return true;
+        }
+        let node = self.intern_node(&update.node);
+        if self.remote_vteps.get(&node) == Some(addrs) {
+            return true;
+        }
+        self.remove_remote_vtep(&node);
+        self.node_by_mac.insert(addrs.mac, node.clone());
+        self.node_by_tunnel_ip.insert(addrs.tunnel_ip, node.clone());
+        self.ref_ipset(Family::host_net(addrs.parent_ip));
+        self.mark_vtep_dirty(&node, addrs);
+        self.remote_vteps.insert(node, addrs.clone());
+        true
+    }
+
+    /// A VTEP remove. Returns false for an unknown node.
+    pub fn on_vtep_remove(&mut self, node: &str) -> bool {
+        if *node == *self.hostname {
+            let known = self.local_vtep.take().is_some();
+            self.dirty.device |= known;
+            return known;
+        }
+        self.remove_remote_vtep(node)
+    }
+
+    fn remove_remote_vtep(&mut self, node: &str) -> bool {
+        let Some((node, addrs)) = self.remote_vteps.remove_entry(node) else {
+            return false;
+        };
+        self.node_by_mac.remove(&addrs.mac);
+        self.node_by_tunnel_ip.remove(&addrs.tunnel_ip);
+        self.unref_ipset(Family::host_net(addrs.parent_ip));
+        self.mark_vtep_dirty(&node, &addrs);
+        true
+    }
+
+    /// Everything derived from one remote VTEP's addresses.
+    fn mark_vtep_dirty(&mut self, node: &Arc<str>, addrs: &VtepAddresses) {
+        self.dirty.neighbors.insert(addrs.tunnel_ip);
+        self.dirty.fdb.insert(addrs.mac);
+        self.dirty.nexthops.insert(node.clone());
+        if let Some(routes) = self.routes_by_node.get(node) {
+            self.dirty.routes.extend(routes.iter().copied());
+        }
+    }
+
+    fn ref_ipset(&mut self, net: IpNetwork) {
+        let refs = self.ipset_refs.entry(net).or_insert(0);
+        *refs += 1;
+        if *refs == 1 {
+            self.dirty.ipset.insert(net);
+        }
+    }
+
+    fn unref_ipset(&mut self, net: IpNetwork) {
+        if let Some(refs) = self.ipset_refs.get_mut(&net) {
+            *refs -= 1;
+            if *refs == 0 {
+                self.ipset_refs.remove(&net);
+                self.dirty.ipset.insert(net);
+            }
+        }
+    }
+
+    /// MTU of the device and of routes through it.
+    fn tunnel_mtu(&self) -> Option<u32> {
+        self.settings.mtu.or_else(|| {
+            self.parent
+                .as_ref()
+                .map(|p| p.mtu.saturating_sub(self.family.encap_overhead()))
+        })
+    }
+
+    pub fn desired_device(&self) -> Option<VxlanDevice> {
+        let local = self.local_vtep.as_ref()?;
+        let parent = self.parent.clone()?;
+        Some(VxlanDevice {
+            family: self.family,
+            vni: self.settings.vni,
+            port: self.settings.port,
+            local_ip: local.parent_ip,
+            mac: local.mac,
+            mtu: self.tunnel_mtu()?,
+            address: Family::host_net(local.tunnel_ip),
+            parent,
+        })
+    }
+
+    pub fn desired_route(&self, dst: &IpNetwork) -> Option<Route> {
+        let protocol = self.settings.route_protocol;
+        let route = |target, mtu| Route {
+            dst: *dst,
+            target,
+            protocol,
+            mtu,
+        };
+        let Some(remote) = self.remote_routes.get(dst) else {
+            return self
+                .local_blocks
+                .contains(dst)
+                .then(|| route(RouteTarget::Blackhole, None));
+        };
+        if let (Some(gateway), Some(parent)) = (remote.direct_via, &self.parent) {
+            let target = RouteTarget::Direct {
+                gateway,
+                interface: parent.clone(),
+            };
+            return Some(route(target, None));
+        }
+        let target = match remote.kind {
+            RemoteRouteKind::TunnelAddress => RouteTarget::Connected,
+            RemoteRouteKind::Block => RouteTarget::Tunnel {
+                node: remote.node.clone(),
+                gateway: self.remote_vteps.get(&remote.node)?.tunnel_ip,
+            },
+        };
+        Some(route(target, self.tunnel_mtu()))
+    }
+
+    fn desired_nexthop(&self, node: &Arc<str>) -> Option<TunnelNexthop> {
+        let (node, vtep) = self.remote_vteps.get_key_value(node)?;
+        Some(TunnelNexthop {
+            family: self.family,
+            node: node.clone(),
+            gateway: vtep.tunnel_ip,
+            protocol: self.settings.route_protocol,
+        })
+    }
+
+    fn desired_neighbor(&self, address: &IpAddr) -> Option<Neighbor> {
+        let node = self.node_by_tunnel_ip.get(address)?;
+        Some(Neighbor {
+            address: *address,
+            mac: self.remote_vteps[node].mac,
+        })
+    }
+
+    fn desired_fdb(&self, mac: &MacAddr) -> Option<FdbEntry> {
+        let node = self.node_by_mac.get(mac)?;
+        Some(FdbEntry {
+            family: self.family,
+            mac: *mac,
+            destination: self.remote_vteps[node].parent_ip,
+        })
+    }
+
+    fn desired_ipset_member(&self, net: &IpNetwork) -> Option<IpsetMember> {
+        self.ipset_refs
+            .contains_key(net)
+            .then_some(IpsetMember(*net))
+    }
+
+    /// Felix's CompleteDeferredWork: the desired state of every key touched
+    /// since the last call.
+    pub fn complete_deferred_work(&mut self, delta: &mut Delta) {
+        let dirty = std::mem::take(&mut self.dirty);
+        if dirty.device {
+            delta.devices.push(Change {
+                key: self.family,
+                desired: self.desired_device(),
+            });
+        }
+        delta
+            .nexthops
+            .extend(dirty.nexthops.into_iter().map(|node| Change {
+                desired: self.desired_nexthop(&node),
+                key: NexthopKey(self.family, node),
+            }));
+        delta
+            .routes
+            .extend(dirty.routes.into_iter().map(|dst| Change {
+                desired: self.desired_route(&dst),
+                key: dst,
+            }));
+        delta
+            .neighbors
+            .extend(dirty.neighbors.into_iter().map(|ip| Change {
+                desired: self.desired_neighbor(&ip),
+                key: ip,
+            }));
+        delta.fdb.extend(dirty.fdb.into_iter().map(|mac| Change {
+            desired: self.desired_fdb(&mac),
+            key: FdbKey(self.family, mac),
+        }));
+        delta
+            .ipset
+            .extend(dirty.ipset.into_iter().map(|net| Change {
+                desired: self.desired_ipset_member(&net),
+                key: net,
+            }));
+    }
+
+    /// Every desired object, as a delta from nothing.
+    pub fn full_delta(&self, delta: &mut Delta) {
+        fn all<T: Desired>(objects: impl Iterator<Item = T>) -> impl Iterator<Item = Change<T>> {
+            objects.map(|o| Change {
+                key: o.key(),
+                desired: Some(o),
+            })
+        }
+        let s = self.snapshot();
+        delta.devices.extend(all(s.device.into_iter()));
+        delta.nexthops.extend(all(self
+            .remote_vteps
+            .keys()
+            .filter_map(|n| self.desired_nexthop(n))));
+        delta.routes.extend(all(s.routes.into_iter()));
+        delta.neighbors.extend(all(s.neighbors.into_iter()));
+        delta.fdb.extend(all(s.fdb.into_iter()));
+        delta.ipset.extend(all(s.ipset.into_iter()));
+    }
+
+    /// The whole desired state, sorted for stable output.
+    pub fn snapshot(&self) -> FamilySnapshot {
+        let mut routes = Vec::new();
+        let mut waiting_routes = Vec::new();
+        for dst in self.remote_routes.keys().chain(self.local_blocks.iter()) {
+            match self.desired_route(dst) {
+                Some(r) => routes.push(r),
+                None => waiting_routes.push(WaitingRoute {
+                    dst: *dst,
+                    node: self.remote_routes[dst].node.clone(),
+                }),
+            }
+        }
+        routes.sort_by_key(|r| r.dst);
+        routes.dedup_by_key(|r| r.dst);
+        waiting_routes.sort_by_key(|r| r.dst);
+        let mut remote_vteps: Vec<_> = self
+            .remote_vteps
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        remote_vteps.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut neighbors: Vec<_> = self
+            .node_by_tunnel_ip
+            .keys()
+            .filter_map(|ip| self.desired_neighbor(ip))
+            .collect();
+        neighbors.sort_by_key(|n| n.address);
+        let mut fdb: Vec<_> = self
+            .node_by_mac
+            .keys()
+            .filter_map(|mac| self.desired_fdb(mac))
+            .collect();
+        fdb.sort_by_key(|f| f.mac);
+        let mut ipset: Vec<_> = self.ipset_refs.keys().map(|n| IpsetMember(*n)).collect();
+        ipset.sort_by_key(|m| m.0);
+        FamilySnapshot {
+            device: self.desired_device(),
+            parent: self.parent.clone(),
+            local_vtep: self.local_vtep.clone().map(|v| (self.hostname.clone(), v)),
+            remote_vteps,
+            routes,
+            waiting_routes,
+            neighbors,
+            fdb,
+            ipset,
+        }
+    }
+}

@@ -1,0 +1,744 @@
+//! Every rule of DESIGN.md §4, at the manager level.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use super::*;
+use crate::config::SettingsLayer;
+use crate::desired::{Change, Route, RouteTarget};
+use crate::model::update::Rejection;
+use crate::wire::felix::{
+    self, IpPoolType, RouteRemove, RouteType, RouteUpdate, ToDataplane, VxlanTunnelEndpointRemove,
+    VxlanTunnelEndpointUpdate, to_dataplane::Payload,
+};
+
+const RW: i32 = RouteType::RemoteWorkload as i32;
+const RT: i32 = RouteType::RemoteTunnel as i32;
+const LW: i32 = RouteType::LocalWorkload as i32;
+
+fn send(m: &mut Manager, payload: Payload) -> Result<Outcome, Rejection> {
+    let update = Update::from_message(ToDataplane {
+        sequence_number: 0,
+        payload: Some(payload),
+    })?
+    .expect("known payload");
+    m.on_update(update)
+}
+
+fn ok(m: &mut Manager, payload: Payload) -> Outcome {
+    send(m, payload).expect("accepted")
+}
+
+fn route(types: i32, pool: IpPoolType, dst: &str, node: &str) -> RouteUpdate {
+    RouteUpdate {
+        types,
+        ip_pool_type: pool as i32,
+        dst: dst.into(),
+        dst_node_name: node.into(),
+        ..Default::default()
+    }
+}
+
+fn vtep(node: &str, n: u8) -> VxlanTunnelEndpointUpdate {
+    VxlanTunnelEndpointUpdate {
+        node: node.into(),
+        mac: format!("66:aa:00:00:00:{n:02x}"),
+        ipv4_addr: format!("10.244.{}.0", n - 1),
+        parent_device_ip: format!("192.168.10.{n}"),
+        mac_v6: format!("66:bb:00:00:00:{n:02x}"),
+        ipv6_addr: format!("fd00:244:0:{}::", n - 1),
+        parent_device_ipv6: format!("fd00:10::{n}"),
+    }
+}
+
+fn eth0() -> Option<ParentInterface> {
+    Some(ParentInterface {
+        name: Arc::from("eth0"),
+        index: 2,
+        mtu: 1500,
+    })
+}
+
+/// node-a with its own VTEP and parent interface known, and nothing else.
+fn node_a() -> Manager {
+    let mut m = Manager::new("node-a", Config::default());
+    ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
+    m.set_parent(Family::V4, eth0());
+    m.set_parent(Family::V6, eth0());
+    m.complete_deferred_work();
+    m
+}
+
+fn route_change<'a>(delta: &'a Delta, dst: &str) -> &'a Change<Route> {
+    let dst = dst.parse().unwrap();
+    let found: Vec<_> = delta.routes.iter().filter(|c| c.key == dst).collect();
+    assert_eq!(found.len(), 1, "one change for {dst} in {delta:#?}");
+    found[0]
+}
+
+fn desired_target(delta: &Delta, dst: &str) -> Option<RouteTarget> {
+    route_change(delta, dst).desired.clone().map(|r| r.target)
+}
+
+fn tunnel_via(node: &str, gw: &str) -> Option<RouteTarget> {
+    Some(RouteTarget::Tunnel {
+        node: Arc::from(node),
+        gateway: gw.parse().unwrap(),
+    })
+}
+
+#[test]
+fn design_example_two_nodes() {
+    let mut m = Manager::new("node-a", Config::default());
+    let config = BTreeMap::from([
+        ("VXLANVNI".to_string(), "4096".to_string()),
+        ("VXLANPort".to_string(), "4789".to_string()),
+    ]);
+    ok(
+        &mut m,
+        Payload::ConfigUpdate(felix::ConfigUpdate {
+            config: config.into_iter().collect(),
+            ..Default::default()
+        }),
+    );
+    ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    let mut local = route(LW, IpPoolType::Vxlan, "10.244.0.0/26", "node-a");
+    local.dst_node_ip = "192.168.10.1".into();
+    ok(&mut m, Payload::RouteUpdate(local));
+    let mut remote = route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b");
+    remote.dst_node_ip = "192.168.10.2".into();
+    ok(&mut m, Payload::RouteUpdate(remote));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW | RT, IpPoolType::Vxlan, "10.244.1.0/32", "node-b")),
+    );
+    ok(&mut m, Payload::InSync(felix::InSync {}));
+    assert!(m.in_sync());
+    m.set_parent(Family::V4, eth0());
+    let delta = m.complete_deferred_work();
+
+    let device = delta
+        .devices
+        .iter()
+        .find(|c| c.key == Family::V4)
+        .and_then(|c| c.desired.clone())
+        .expect("v4 device");
+    assert_eq!(
+        device.to_string(),
+        "device vxlan.calico (vxlan id 4096 dstport 4789 dev eth0 local 192.168.10.1 \
+         address 10.244.0.0/32 mac 66:aa:00:00:00:01 mtu 1450)"
+    );
+    assert_eq!(
+        desired_target(&delta, "10.244.0.0/26"),
+        Some(RouteTarget::Blackhole)
+    );
+    assert_eq!(
+        desired_target(&delta, "10.244.1.0/26"),
+        tunnel_via("node-b", "10.244.1.0")
+    );
+    assert_eq!(
+        desired_target(&delta, "10.244.1.0/32"),
+        Some(RouteTarget::Connected)
+    );
+    let snap = m.family(Family::V4).snapshot();
+    let shown: Vec<String> = snap
+        .routes
+        .iter()
+        .map(ToString::to_string)
+        .chain(snap.neighbors.iter().map(ToString::to_string))
+        .chain(snap.fdb.iter().map(ToString::to_string))
+        .chain(snap.ipset.iter().map(ToString::to_string))
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            "route blackhole 10.244.0.0/26",
+            "route 10.244.1.0/26 via 10.244.1.0 dev vxlan.calico onlink",
+            "route 10.244.1.0/32 dev vxlan.calico scope link",
+            "neighbor 10.244.1.0 lladdr 66:aa:00:00:00:02 dev vxlan.calico",
+            "fdb 66:aa:00:00:00:02 dev vxlan.calico dst 192.168.10.2",
+            "ipset cali40all-vxlan-net member 192.168.10.2/32",
+        ]
+    );
+    assert!(snap.routes.iter().all(|r| r.protocol == 80));
+    assert_eq!(snap.routes[1].mtu, Some(1450));
+    assert_eq!(snap.routes[0].mtu, None);
+}
+
+#[test]
+fn route_before_its_vtep_waits_then_programs() {
+    let mut m = node_a();
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b")),
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(desired_target(&delta, "10.244.1.0/26"), None);
+    let snap = m.family(Family::V4).snapshot();
+    assert_eq!(snap.waiting_routes.len(), 1);
+    assert_eq!(&*snap.waiting_routes[0].node, "node-b");
+
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    let delta = m.complete_deferred_work();
+    assert_eq!(
+        desired_target(&delta, "10.244.1.0/26"),
+        tunnel_via("node-b", "10.244.1.0")
+    );
+    assert!(m.family(Family::V4).snapshot().waiting_routes.is_empty());
+}
+
+#[test]
+fn vtep_change_moves_l2_entries_ipset_nexthop_and_routes() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b")),
+    );
+    m.complete_deferred_work();
+
+    let mut moved = vtep("node-b", 2);
+    moved.mac = "66:aa:00:00:00:22".into();
+    moved.ipv4_addr = "10.244.1.128".into();
+    moved.parent_device_ip = "192.168.10.22".into();
+    ok(&mut m, Payload::VtepUpdate(moved));
+    let delta = m.complete_deferred_work();
+
+    let neighbors: BTreeMap<String, bool> = delta
+        .neighbors
+        .iter()
+        .filter(|c| c.key.is_ipv4())
+        .map(|c| (c.key.to_string(), c.desired.is_some()))
+        .collect();
+    assert_eq!(
+        neighbors,
+        BTreeMap::from([
+            ("10.244.1.0".to_string(), false),
+            ("10.244.1.128".to_string(), true)
+        ])
+    );
+    let fdb: BTreeMap<String, Option<String>> = delta
+        .fdb
+        .iter()
+        .filter(|c| c.key.0 == Family::V4)
+        .map(|c| {
+            (
+                c.key.1.to_string(),
+                c.desired.as_ref().map(|f| f.destination.to_string()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        fdb,
+        BTreeMap::from([
+            ("66:aa:00:00:00:02".to_string(), None),
+            (
+                "66:aa:00:00:00:22".to_string(),
+                Some("192.168.10.22".to_string())
+            )
+        ])
+    );
+    let ipset: BTreeMap<String, bool> = delta
+        .ipset
+        .iter()
+        .filter(|c| c.key.is_ipv4())
+        .map(|c| (c.key.to_string(), c.desired.is_some()))
+        .collect();
+    assert_eq!(
+        ipset,
+        BTreeMap::from([
+            ("192.168.10.2/32".to_string(), false),
+            ("192.168.10.22/32".to_string(), true)
+        ])
+    );
+    let nexthop = delta
+        .nexthops
+        .iter()
+        .find(|c| c.key.0 == Family::V4)
+        .and_then(|c| c.desired.clone())
+        .unwrap();
+    assert_eq!(nexthop.gateway.to_string(), "10.244.1.128");
+    assert_eq!(
+        desired_target(&delta, "10.244.1.0/26"),
+        tunnel_via("node-b", "10.244.1.128")
+    );
+}
+
+#[test]
+fn same_subnet_routes_fall_back_to_the_tunnel_until_the_parent_is_known_and_follow_it() {
+    let mut m = Manager::new("node-a", Config::default());
+    ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    let mut r = route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b");
+    r.same_subnet = true;
+    r.dst_node_ip = "192.168.10.2".into();
+    ok(&mut m, Payload::RouteUpdate(r));
+    let delta = m.complete_deferred_work();
+    assert_eq!(
+        desired_target(&delta, "10.244.1.0/26"),
+        tunnel_via("node-b", "10.244.1.0")
+    );
+    assert!(
+        delta.devices.iter().all(|c| c.desired.is_none()),
+        "no device without a parent interface"
+    );
+
+    m.set_parent(Family::V4, eth0());
+    let delta = m.complete_deferred_work();
+    let direct = |name: &str, index| {
+        Some(RouteTarget::Direct {
+            gateway: "192.168.10.2".parse().unwrap(),
+            interface: ParentInterface {
+                name: Arc::from(name),
+                index,
+                mtu: 1500,
+            },
+        })
+    };
+    assert_eq!(desired_target(&delta, "10.244.1.0/26"), direct("eth0", 2));
+    assert!(delta.devices.iter().any(|c| c.desired.is_some()));
+
+    m.set_parent(
+        Family::V4,
+        Some(ParentInterface {
+            name: Arc::from("eth1"),
+            index: 3,
+            mtu: 1500,
+        }),
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(desired_target(&delta, "10.244.1.0/26"), direct("eth1", 3));
+    let device = delta.devices[0].desired.clone().unwrap();
+    assert_eq!(device.parent.index, 3);
+}
+
+#[test]
+fn no_encap_pool_routes_go_direct() {
+    let mut m = node_a();
+    let mut r = route(RW, IpPoolType::NoEncap, "10.244.1.0/26", "node-b");
+    r.dst_node_ip = "192.168.10.2".into();
+    ok(&mut m, Payload::RouteUpdate(r));
+    let delta = m.complete_deferred_work();
+    assert!(matches!(
+        desired_target(&delta, "10.244.1.0/26"),
+        Some(RouteTarget::Direct { .. })
+    ));
+    assert_eq!(
+        route_change(&delta, "10.244.1.0/26")
+            .desired
+            .as_ref()
+            .unwrap()
+            .mtu,
+        None
+    );
+}
+
+#[test]
+fn local_blocks_are_blackholed_but_not_host_routes_or_local_workloads() {
+    let mut m = node_a();
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(LW, IpPoolType::Vxlan, "10.244.0.0/26", "node-a")),
+    );
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(LW, IpPoolType::NoEncap, "10.244.0.64/26", "node-a")),
+    );
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(LW, IpPoolType::Vxlan, "fd00:244::/122", "node-a")),
+    );
+    assert_eq!(
+        ok(
+            &mut m,
+            Payload::RouteUpdate(route(LW, IpPoolType::Vxlan, "10.244.0.5/32", "node-a")),
+        ),
+        Outcome::Ignored
+    );
+    assert_eq!(
+        ok(
+            &mut m,
+            Payload::RouteUpdate(route(LW, IpPoolType::Vxlan, "fd00:244::5/128", "node-a")),
+        ),
+        Outcome::Ignored
+    );
+    let mut workload = route(LW, IpPoolType::Vxlan, "10.244.0.128/26", "node-a");
+    workload.local_workload = true;
+    assert_eq!(ok(&mut m, Payload::RouteUpdate(workload)), Outcome::Ignored);
+    assert_eq!(
+        ok(
+            &mut m,
+            Payload::RouteUpdate(route(LW, IpPoolType::Ipip, "10.245.0.0/26", "node-a")),
+        ),
+        Outcome::Ignored
+    );
+    let delta = m.complete_deferred_work();
+    let mut blackholes: Vec<String> = delta
+        .routes
+        .iter()
+        .filter(|c| {
+            matches!(
+                c.desired,
+                Some(Route {
+                    target: RouteTarget::Blackhole,
+                    ..
+                })
+            )
+        })
+        .map(|c| c.key.to_string())
+        .collect();
+    blackholes.sort();
+    assert_eq!(
+        blackholes,
+        ["10.244.0.0/26", "10.244.0.64/26", "fd00:244::/122"]
+    );
+    assert_eq!(delta.routes.len(), 3);
+}
+
+#[test]
+fn other_pools_and_types_are_ignored() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    m.complete_deferred_work();
+    for r in [
+        route(RW, IpPoolType::Ipip, "10.1.0.0/26", "node-b"),
+        route(RW, IpPoolType::None, "10.1.0.64/26", "node-b"),
+        route(RT, IpPoolType::Vxlan, "10.244.1.0/32", "node-b"),
+        route(
+            RouteType::RemoteHost as i32,
+            IpPoolType::Vxlan,
+            "192.168.10.2/32",
+            "node-b",
+        ),
+        route(
+            RouteType::CidrInfo as i32,
+            IpPoolType::Vxlan,
+            "10.244.0.0/16",
+            "",
+        ),
+    ] {
+        let dst = r.dst.clone();
+        assert_eq!(
+            ok(&mut m, Payload::RouteUpdate(r)),
+            Outcome::Ignored,
+            "{dst}"
+        );
+    }
+    assert!(m.complete_deferred_work().is_empty());
+}
+
+#[test]
+fn remote_tunnel_addresses_are_connected_even_before_the_vtep() {
+    let mut m = node_a();
+    let mut borrowed = route(RT, IpPoolType::Vxlan, "10.244.1.1/32", "node-b");
+    borrowed.borrowed = true;
+    ok(&mut m, Payload::RouteUpdate(borrowed));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW | RT, IpPoolType::Vxlan, "10.244.1.0/32", "node-b")),
+    );
+    let delta = m.complete_deferred_work();
+    for dst in ["10.244.1.1/32", "10.244.1.0/32"] {
+        let r = route_change(&delta, dst).desired.clone().unwrap();
+        assert_eq!((r.target, r.mtu), (RouteTarget::Connected, Some(1450)));
+    }
+}
+
+#[test]
+fn route_update_forgets_the_previous_meaning_of_dst() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b")),
+    );
+    m.complete_deferred_work();
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(LW, IpPoolType::Vxlan, "10.244.1.0/26", "node-a")),
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(
+        desired_target(&delta, "10.244.1.0/26"),
+        Some(RouteTarget::Blackhole)
+    );
+    assert_eq!(
+        ok(
+            &mut m,
+            Payload::RouteUpdate(route(RW, IpPoolType::Ipip, "10.244.1.0/26", "node-b")),
+        ),
+        Outcome::Applied,
+        "forgetting the block is an effect"
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(desired_target(&delta, "10.244.1.0/26"), None);
+}
+
+#[test]
+fn cidrs_are_masked_and_removes_find_them() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "172.0.0.1/26", "node-b")),
+    );
+    let delta = m.complete_deferred_work();
+    assert!(desired_target(&delta, "172.0.0.0/26").is_some());
+    assert_eq!(
+        ok(
+            &mut m,
+            Payload::RouteRemove(RouteRemove {
+                dst: "172.0.0.9/26".into()
+            })
+        ),
+        Outcome::Applied
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(desired_target(&delta, "172.0.0.0/26"), None);
+}
+
+#[test]
+fn unknown_removes_are_ignored() {
+    let mut m = node_a();
+    assert_eq!(
+        ok(
+            &mut m,
+            Payload::RouteRemove(RouteRemove {
+                dst: "10.9.0.0/26".into()
+            })
+        ),
+        Outcome::Ignored
+    );
+    assert_eq!(
+        ok(
+            &mut m,
+            Payload::VtepRemove(VxlanTunnelEndpointRemove {
+                node: "nobody".into()
+            })
+        ),
+        Outcome::Ignored
+    );
+    assert!(m.complete_deferred_work().is_empty());
+}
+
+#[test]
+fn families_are_independent() {
+    let mut m = node_a();
+    let mut v4_only = vtep("node-b", 2);
+    v4_only.ipv6_addr.clear();
+    ok(&mut m, Payload::VtepUpdate(v4_only));
+    let delta = m.complete_deferred_work();
+    assert!(delta.neighbors.iter().all(|c| c.key.is_ipv4()));
+    assert!(delta.fdb.iter().all(|c| c.key.0 == Family::V4));
+
+    let mut v6_only = vtep("node-c", 3);
+    v6_only.ipv4_addr.clear();
+    ok(&mut m, Payload::VtepUpdate(v6_only));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "fd00:244:0:2::/122", "node-c")),
+    );
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "10.244.2.0/26", "node-c")),
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(
+        desired_target(&delta, "fd00:244:0:2::/122"),
+        tunnel_via("node-c", "fd00:244:0:2::")
+    );
+    assert_eq!(
+        desired_target(&delta, "10.244.2.0/26"),
+        None,
+        "node-c has no IPv4 VTEP"
+    );
+    let v6 = m.family(Family::V6).snapshot();
+    assert_eq!(v6.device.unwrap().mtu, 1430, "IPv6 overhead is 70");
+    assert_eq!(
+        v6.ipset[0].to_string(),
+        "ipset cali60all-vxlan-net member fd00:10::3/128"
+    );
+}
+
+#[test]
+fn vtep_remove_withdraws_everything_derived_from_it() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b")),
+    );
+    m.complete_deferred_work();
+    ok(
+        &mut m,
+        Payload::VtepRemove(VxlanTunnelEndpointRemove {
+            node: "node-b".into(),
+        }),
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(desired_target(&delta, "10.244.1.0/26"), None);
+    for changes in [
+        delta
+            .neighbors
+            .iter()
+            .map(|c| c.desired.is_some())
+            .collect::<Vec<_>>(),
+        delta.fdb.iter().map(|c| c.desired.is_some()).collect(),
+        delta.ipset.iter().map(|c| c.desired.is_some()).collect(),
+        delta.nexthops.iter().map(|c| c.desired.is_some()).collect(),
+    ] {
+        assert_eq!(changes, [false, false]);
+    }
+    let snap = m.family(Family::V4).snapshot();
+    assert_eq!(snap.waiting_routes.len(), 1);
+}
+
+#[test]
+fn ipset_holds_external_cidrs_and_shared_parents_once() {
+    let mut m = Manager::new(
+        "node-a",
+        Config::new(SettingsLayer {
+            external_nodes: Some(vec!["10.99.0.0/16".parse().unwrap()]),
+            ..Default::default()
+        }),
+    );
+    ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
+    let mut b = vtep("node-b", 2);
+    b.parent_device_ip = "192.168.10.9".into();
+    let mut c = vtep("node-c", 3);
+    c.parent_device_ip = "192.168.10.9".into();
+    ok(&mut m, Payload::VtepUpdate(b));
+    ok(&mut m, Payload::VtepUpdate(c));
+    m.complete_deferred_work();
+    let members = |m: &Manager| -> Vec<String> {
+        m.family(Family::V4)
+            .snapshot()
+            .ipset
+            .iter()
+            .map(|i| i.0.to_string())
+            .collect()
+    };
+    assert_eq!(members(&m), ["10.99.0.0/16", "192.168.10.9/32"]);
+    ok(
+        &mut m,
+        Payload::VtepRemove(VxlanTunnelEndpointRemove {
+            node: "node-b".into(),
+        }),
+    );
+    let delta = m.complete_deferred_work();
+    assert!(
+        delta.ipset.iter().all(|c| !c.key.is_ipv4()),
+        "node-c still needs 192.168.10.9"
+    );
+    assert_eq!(members(&m), ["10.99.0.0/16", "192.168.10.9/32"]);
+}
+
+#[test]
+fn config_changes_reach_the_device_and_routes() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b")),
+    );
+    m.complete_deferred_work();
+    let update = |pairs: &[(&str, &str)]| {
+        Payload::ConfigUpdate(felix::ConfigUpdate {
+            config: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..Default::default()
+        })
+    };
+    ok(&mut m, update(&[("VXLANVNI", "7"), ("VXLANMTU", "1400")]));
+    let delta = m.complete_deferred_work();
+    let device = delta
+        .devices
+        .iter()
+        .find(|c| c.key == Family::V4)
+        .and_then(|c| c.desired.clone())
+        .unwrap();
+    assert_eq!((device.vni, device.mtu), (7, 1400));
+    assert_eq!(
+        route_change(&delta, "10.244.1.0/26")
+            .desired
+            .as_ref()
+            .unwrap()
+            .mtu,
+        Some(1400)
+    );
+
+    let err = send(
+        &mut m,
+        update(&[("VXLANVNI", "16777216"), ("VXLANMTU", "1400")]),
+    )
+    .unwrap_err();
+    assert!(err.0.contains("VXLANVNI \"16777216\""), "{err}");
+    assert_eq!(m.settings().vni, 7, "a bad value keeps the previous one");
+    assert!(m.complete_deferred_work().is_empty());
+}
+
+#[test]
+fn a_mac_claimed_by_another_node_is_rejected_as_a_whole() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    m.complete_deferred_work();
+    let mut thief = vtep("node-c", 3);
+    thief.mac = "66:aa:00:00:00:02".into();
+    let err = send(&mut m, Payload::VtepUpdate(thief)).unwrap_err();
+    assert!(err.0.contains("node \"node-b\""), "{err}");
+    assert!(
+        m.complete_deferred_work().is_empty(),
+        "nothing of it applied"
+    );
+    assert_eq!(m.family(Family::V6).snapshot().remote_vteps.len(), 1);
+}
+
+#[test]
+fn local_vtep_gives_the_device_once_the_parent_is_known() {
+    let mut m = Manager::new("node-a", Config::default());
+    ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
+    let delta = m.complete_deferred_work();
+    assert_eq!(delta.devices.len(), 2);
+    assert!(delta.devices.iter().all(|c| c.desired.is_none()));
+    assert_eq!(
+        m.family(Family::V4).parent_ip(),
+        Some("192.168.10.1".parse().unwrap())
+    );
+    m.set_parent(Family::V4, eth0());
+    let delta = m.complete_deferred_work();
+    let device = delta.devices[0].desired.clone().unwrap();
+    assert_eq!(device.mac.to_string(), "66:aa:00:00:00:01");
+    assert_eq!(device.address.to_string(), "10.244.0.0/32");
+    assert!(
+        delta.fdb.is_empty() && delta.neighbors.is_empty(),
+        "no L2 entries for ourselves"
+    );
+}
+
+#[test]
+fn batches_cost_follows_the_change() {
+    let mut m = node_a();
+    for n in 2..200u8 {
+        ok(&mut m, Payload::VtepUpdate(vtep(&format!("node-{n}"), n)));
+        ok(
+            &mut m,
+            Payload::RouteUpdate(route(
+                RW,
+                IpPoolType::Vxlan,
+                &format!("10.244.{}.0/26", n - 1),
+                &format!("node-{n}"),
+            )),
+        );
+    }
+    m.complete_deferred_work();
+    assert!(m.complete_deferred_work().is_empty());
+    ok(
+        &mut m,
+        Payload::RouteUpdate(route(RW, IpPoolType::Vxlan, "10.250.0.0/26", "node-7")),
+    );
+    let delta = m.complete_deferred_work();
+    assert_eq!(delta.len(), 1, "{delta:#?}");
+}

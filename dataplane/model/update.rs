@@ -1,0 +1,372 @@
+//! Turns a `felix.ToDataplane` into a validated [`Update`], or a rejection
+//! that quotes the offending value. This is the only place wire strings are
+//! parsed, so the managers never see a malformed address.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+
+use super::family::Family;
+use super::mac::MacAddr;
+use crate::wire::felix::{self, to_dataplane::Payload};
+
+/// Longest value quoted verbatim in a rejection reason.
+const QUOTE_LIMIT: usize = 80;
+
+/// One message from the calc process, validated.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Update {
+    InSync,
+    Config(BTreeMap<String, String>),
+    Route(RouteIntent),
+    RouteRemove(IpNetwork),
+    Vtep(VtepUpdate),
+    VtepRemove(String),
+}
+
+/// Felix's `IPPoolType`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolType {
+    None,
+    NoEncap,
+    Vxlan,
+    Ipip,
+    Unknown(i32),
+}
+
+impl From<i32> for PoolType {
+    fn from(v: i32) -> Self {
+        match felix::IpPoolType::try_from(v) {
+            Ok(felix::IpPoolType::None) => PoolType::None,
+            Ok(felix::IpPoolType::NoEncap) => PoolType::NoEncap,
+            Ok(felix::IpPoolType::Vxlan) => PoolType::Vxlan,
+            Ok(felix::IpPoolType::Ipip) => PoolType::Ipip,
+            Err(_) => PoolType::Unknown(v),
+        }
+    }
+}
+
+/// Felix's `RouteType`, which the calc graph uses as a bitmap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RouteTypes(pub i32);
+
+impl RouteTypes {
+    /// Felix's `isType`: every bit of `t` is set.
+    pub fn has(self, t: felix::RouteType) -> bool {
+        let bits = t as i32;
+        self.0 & bits == bits
+    }
+}
+
+/// What a remote route becomes in the kernel, before VTEP and parent
+/// interface are taken into account.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteRouteKind {
+    /// A remote IPAM block: tunnelled via the node's VTEP, or direct to the
+    /// node when same-subnet / no-encap and the parent interface is known.
+    Block,
+    /// A remote node's tunnel address (or a borrowed one): connected on the device.
+    TunnelAddress,
+}
+
+/// A validated `RouteUpdate`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteIntent {
+    /// Masked: `172.0.0.1/26` arrives as `172.0.0.0/26`.
+    pub dst: IpNetwork,
+    pub pool: PoolType,
+    pub types: RouteTypes,
+    pub node: String,
+    pub node_ip: Option<IpAddr>,
+    pub same_subnet: bool,
+    pub local_workload: bool,
+    pub borrowed: bool,
+}
+
+impl RouteIntent {
+    pub fn family(&self) -> Family {
+        Family::of_net(&self.dst)
+    }
+
+    fn is_vxlan_or_no_encap(&self) -> bool {
+        matches!(self.pool, PoolType::Vxlan | PoolType::NoEncap)
+    }
+
+    fn is_remote_tunnel_address(&self) -> bool {
+        self.pool == PoolType::Vxlan
+            && self.types.has(felix::RouteType::RemoteTunnel)
+            && (self.types.has(felix::RouteType::RemoteWorkload) || self.borrowed)
+    }
+
+    /// Whether vxmgr keeps this as a route to a remote node, and of which kind.
+    pub fn remote_kind(&self) -> Option<RemoteRouteKind> {
+        if self.is_remote_tunnel_address() {
+            Some(RemoteRouteKind::TunnelAddress)
+        } else if self.types.has(felix::RouteType::RemoteWorkload) && self.is_vxlan_or_no_encap() {
+            Some(RemoteRouteKind::Block)
+        } else {
+            None
+        }
+    }
+
+    /// A block of this node's: blackholed so that unallocated addresses in it
+    /// are not routed elsewhere. Single-workload host routes are not blocks.
+    pub fn is_local_block(&self) -> bool {
+        self.types.has(felix::RouteType::LocalWorkload)
+            && self.is_vxlan_or_no_encap()
+            && !self.local_workload
+            && self.dst.prefix() != self.family().host_prefix()
+    }
+
+    /// Same-subnet and no-encap routes go straight to the node over the
+    /// parent interface, once that interface is known.
+    pub fn prefers_direct(&self) -> bool {
+        self.node_ip.is_some() && (self.same_subnet || self.pool == PoolType::NoEncap)
+    }
+}
+
+/// The addresses a VTEP has in one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VtepAddresses {
+    pub mac: MacAddr,
+    /// The VXLAN device's own address on that node.
+    pub tunnel_ip: IpAddr,
+    /// The underlay address VXLAN packets are sent to (or from, for the local VTEP).
+    pub parent_ip: IpAddr,
+}
+
+/// A validated `VXLANTunnelEndpointUpdate`: the per-family parts are present
+/// only when that family's tunnel address was given.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VtepUpdate {
+    pub node: String,
+    pub v4: Option<VtepAddresses>,
+    pub v6: Option<VtepAddresses>,
+}
+
+impl VtepUpdate {
+    pub fn addresses(&self, family: Family) -> Option<&VtepAddresses> {
+        match family {
+            Family::V4 => self.v4.as_ref(),
+            Family::V6 => self.v6.as_ref(),
+        }
+    }
+}
+
+/// Why a message was rejected. The text quotes the offending value.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Rejection(pub String);
+
+impl Rejection {
+    pub fn bad_value(field: &str, value: &str, why: impl std::fmt::Display) -> Rejection {
+        Rejection(format!("{field} {}: {why}", quote(value)))
+    }
+}
+
+/// Quotes a value for an error message, shortening very long ones.
+pub fn quote(value: &str) -> String {
+    if value.chars().count() <= QUOTE_LIMIT {
+        format!("{value:?}")
+    } else {
+        let head: String = value.chars().take(QUOTE_LIMIT).collect();
+        format!("{head:?}... ({} bytes)", value.len())
+    }
+}
+
+impl Update {
+    /// Validates one message. `Ok(None)`: nothing vxmgr understands (an
+    /// unknown payload), to be ignored and counted.
+    pub fn from_message(msg: felix::ToDataplane) -> Result<Option<Update>, Rejection> {
+        let Some(payload) = msg.payload else {
+            return Ok(None);
+        };
+        Ok(Some(match payload {
+            Payload::InSync(_) => Update::InSync,
+            Payload::ConfigUpdate(c) => Update::Config(c.config.into_iter().collect()),
+            Payload::RouteUpdate(r) => Update::Route(parse_route(r)?),
+            Payload::RouteRemove(r) => Update::RouteRemove(parse_cidr("route_remove.dst", &r.dst)?),
+            Payload::VtepUpdate(v) => Update::Vtep(parse_vtep(v)?),
+            Payload::VtepRemove(v) => Update::VtepRemove(parse_node("vtep_remove.node", v.node)?),
+        }))
+    }
+}
+
+fn parse_node(field: &str, node: String) -> Result<String, Rejection> {
+    if node.is_empty() {
+        return Err(Rejection(format!("{field} is empty")));
+    }
+    Ok(node)
+}
+
+/// Parses and masks a CIDR. A bare address is taken as a host route.
+pub fn parse_cidr(field: &str, value: &str) -> Result<IpNetwork, Rejection> {
+    let bad = || Rejection::bad_value(field, value, "not a CIDR (address/prefix length)");
+    let net: IpNetwork = value.parse().map_err(|_| bad())?;
+    IpNetwork::new(net.network(), net.prefix()).map_err(|_| bad())
+}
+
+fn parse_ip(field: &str, value: &str, family: Option<Family>) -> Result<IpAddr, Rejection> {
+    let ip: IpAddr = value
+        .parse()
+        .map_err(|_| Rejection::bad_value(field, value, "not an IP address"))?;
+    match family {
+        Some(f) if Family::of_addr(&ip) != f => Err(Rejection::bad_value(
+            field,
+            value,
+            format_args!("expected an {f} address"),
+        )),
+        _ => Ok(ip),
+    }
+}
+
+fn parse_mac(field: &str, value: &str) -> Result<MacAddr, Rejection> {
+    value
+        .parse()
+        .map_err(|e| Rejection::bad_value(field, value, e))
+}
+
+fn parse_route(r: felix::RouteUpdate) -> Result<RouteIntent, Rejection> {
+    let dst = parse_cidr("route_update.dst", &r.dst)?;
+    let node_ip = if r.dst_node_ip.is_empty() {
+        None
+    } else {
+        Some(parse_ip(
+            "route_update.dst_node_ip",
+            &r.dst_node_ip,
+            Some(Family::of_net(&dst)),
+        )?)
+    };
+    Ok(RouteIntent {
+        dst,
+        pool: PoolType::from(r.ip_pool_type),
+        types: RouteTypes(r.types),
+        node: r.dst_node_name,
+        node_ip,
+        same_subnet: r.same_subnet,
+        local_workload: r.local_workload,
+        borrowed: r.borrowed,
+    })
+}
+
+fn parse_vtep(v: felix::VxlanTunnelEndpointUpdate) -> Result<VtepUpdate, Rejection> {
+    let node = parse_node("vtep_update.node", v.node)?;
+    let v4 = parse_vtep_family(
+        Family::V4,
+        ("vtep_update.mac", &v.mac),
+        ("vtep_update.ipv4_addr", &v.ipv4_addr),
+        ("vtep_update.parent_device_ip", &v.parent_device_ip),
+    )?;
+    let v6 = parse_vtep_family(
+        Family::V6,
+        ("vtep_update.mac_v6", &v.mac_v6),
+        ("vtep_update.ipv6_addr", &v.ipv6_addr),
+        ("vtep_update.parent_device_ipv6", &v.parent_device_ipv6),
+    )?;
+    Ok(VtepUpdate { node, v4, v6 })
+}
+
+/// A family's part of a VTEP exists when its tunnel address is set; then its
+/// MAC and parent address must be valid too.
+fn parse_vtep_family(
+    family: Family,
+    (mac_field, mac): (&str, &str),
+    (ip_field, ip): (&str, &str),
+    (parent_field, parent): (&str, &str),
+) -> Result<Option<VtepAddresses>, Rejection> {
+    if ip.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(VtepAddresses {
+        mac: parse_mac(mac_field, mac)?,
+        tunnel_ip: parse_ip(ip_field, ip, Some(family))?,
+        parent_ip: parse_ip(parent_field, parent, Some(family))?,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(dst: &str) -> felix::RouteUpdate {
+        felix::RouteUpdate {
+            dst: dst.into(),
+            ..Default::default()
+        }
+    }
+
+    fn parse(payload: Payload) -> Result<Option<Update>, Rejection> {
+        Update::from_message(felix::ToDataplane {
+            sequence_number: 1,
+            payload: Some(payload),
+        })
+    }
+
+    #[test]
+    fn cidrs_are_masked() {
+        let Ok(Some(Update::Route(r))) = parse(Payload::RouteUpdate(route("172.0.0.1/26"))) else {
+            panic!("route rejected")
+        };
+        assert_eq!(r.dst.to_string(), "172.0.0.0/26");
+    }
+
+    #[test]
+    fn rejections_quote_the_value() {
+        let err = parse(Payload::RouteUpdate(route("10.0.0.300/26"))).unwrap_err();
+        assert!(err.0.contains("\"10.0.0.300/26\""), "{err}");
+        let err = parse(Payload::RouteRemove(felix::RouteRemove {
+            dst: "fd00::/129".into(),
+        }))
+        .unwrap_err();
+        assert!(err.0.contains("\"fd00::/129\""), "{err}");
+    }
+
+    #[test]
+    fn node_ip_must_match_dst_family() {
+        let mut r = route("10.0.1.0/26");
+        r.dst_node_ip = "fd00::1".into();
+        let err = parse(Payload::RouteUpdate(r)).unwrap_err();
+        assert!(err.0.contains("expected an IPv4 address"), "{err}");
+    }
+
+    #[test]
+    fn unknown_payload_is_ignored() {
+        assert_eq!(
+            Update::from_message(felix::ToDataplane::default()),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn vtep_family_parts_follow_tunnel_address() {
+        let v = felix::VxlanTunnelEndpointUpdate {
+            node: "n".into(),
+            mac: "66:aa:00:00:00:01".into(),
+            ipv4_addr: "10.0.0.1".into(),
+            parent_device_ip: "192.168.0.1".into(),
+            ..Default::default()
+        };
+        let Ok(Some(Update::Vtep(u))) = parse(Payload::VtepUpdate(v.clone())) else {
+            panic!()
+        };
+        assert!(u.v4.is_some() && u.v6.is_none());
+
+        let bad_v6 = felix::VxlanTunnelEndpointUpdate {
+            ipv6_addr: "fd00::1".into(),
+            mac_v6: "not-a-mac".into(),
+            parent_device_ipv6: "fd01::1".into(),
+            ..v
+        };
+        let err = parse(Payload::VtepUpdate(bad_v6)).unwrap_err();
+        assert!(err.0.contains("vtep_update.mac_v6 \"not-a-mac\""), "{err}");
+    }
+
+    #[test]
+    fn long_values_are_shortened_in_reasons() {
+        let long = "x".repeat(10_000);
+        let err = parse(Payload::RouteUpdate(route(&long))).unwrap_err();
+        assert!(err.0.len() < 300, "{}", err.0.len());
+        assert!(err.0.contains("10000 bytes"));
+    }
+}
