@@ -92,6 +92,8 @@ pub struct IpsetMember(pub IpNetwork);
 
 /// A kind of desired kernel object: how it is keyed and named.
 pub trait Desired: Clone + PartialEq + fmt::Debug + fmt::Display {
+    /// What the kind is called in messages ("route", "neighbor", ...).
+    const KIND: &'static str;
     type Key: Clone + Eq + Hash + Ord + fmt::Debug + fmt::Display;
     fn key(&self) -> Self::Key;
 }
@@ -144,7 +146,7 @@ pub struct NexthopKey(pub Family, pub Arc<str>);
 
 impl fmt::Display for NexthopKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} nexthop of node {}", self.0, self.1)
+        write!(f, "{} node {}", self.0, self.1)
     }
 }
 
@@ -154,11 +156,12 @@ pub struct FdbKey(pub Family, pub MacAddr);
 
 impl fmt::Display for FdbKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} fdb {}", self.0, self.1)
+        write!(f, "{} dev {}", self.1, self.0.device_name())
     }
 }
 
 impl Desired for VxlanDevice {
+    const KIND: &'static str = "device";
     type Key = Family;
     fn key(&self) -> Family {
         self.family
@@ -166,6 +169,7 @@ impl Desired for VxlanDevice {
 }
 
 impl Desired for TunnelNexthop {
+    const KIND: &'static str = "nexthop";
     type Key = NexthopKey;
     fn key(&self) -> NexthopKey {
         NexthopKey(self.family, self.node.clone())
@@ -173,6 +177,7 @@ impl Desired for TunnelNexthop {
 }
 
 impl Desired for Route {
+    const KIND: &'static str = "route";
     type Key = IpNetwork;
     fn key(&self) -> IpNetwork {
         self.dst
@@ -180,6 +185,7 @@ impl Desired for Route {
 }
 
 impl Desired for Neighbor {
+    const KIND: &'static str = "neighbor";
     type Key = IpAddr;
     fn key(&self) -> IpAddr {
         self.address
@@ -187,6 +193,7 @@ impl Desired for Neighbor {
 }
 
 impl Desired for FdbEntry {
+    const KIND: &'static str = "fdb entry";
     type Key = FdbKey;
     fn key(&self) -> FdbKey {
         FdbKey(self.family, self.mac)
@@ -194,6 +201,7 @@ impl Desired for FdbEntry {
 }
 
 impl Desired for IpsetMember {
+    const KIND: &'static str = "ipset member";
     type Key = IpNetwork;
     fn key(&self) -> IpNetwork {
         self.0

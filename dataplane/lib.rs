@@ -3,6 +3,8 @@
 
 pub mod config;
 pub mod desired;
+pub mod kernel;
 pub mod manager;
 pub mod model;
+pub mod reconciler;
 pub mod wire;

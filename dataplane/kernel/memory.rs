@@ -1,0 +1,364 @@
+//! The in-memory kernel: the semantics of the parts of Linux vxmgr uses
+//! (interface indexes, routes that vanish with their device or nexthop,
+//! EEXIST/ENODEV/ENOENT), held in maps, with every operation recorded.
+//! Clones share one kernel, so a test can inspect what the daemon did.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use ipnetwork::IpNetwork;
+
+use super::objects::{
+    IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
+    KernelState, Link, Ownership, VxlanAttrs,
+};
+use super::{KernelBackend, KernelError};
+use crate::desired::ParentInterface;
+use crate::model::MacAddr;
+
+/// A fault to inject: operations it matches fail with `errno`.
+type FaultRule = Box<dyn Fn(&KernelOp) -> bool + Send>;
+
+#[derive(Default)]
+pub struct MemoryKernel {
+    pub links: BTreeMap<u32, Link>,
+    pub routes: HashMap<IpNetwork, KernelRoute>,
+    pub nexthops: BTreeMap<u32, KernelNexthop>,
+    pub neighbors: HashMap<(u32, IpAddr), KernelNeighbor>,
+    pub fdb: HashMap<(u32, MacAddr), KernelFdb>,
+    pub ipsets: HashMap<String, BTreeSet<IpNetwork>>,
+    /// Every operation applied (successful or not), in order, once
+    /// `record_operations` was called.
+    pub log: Vec<KernelOp>,
+    record: bool,
+    next_index: u32,
+    faults: Vec<(FaultRule, i32)>,
+    /// Answers address lookups that match no interface, standing in for a
+    /// host's underlay (see `with_underlay`).
+    underlay: Option<ParentInterface>,
+}
+
+/// A handle on a shared in-memory kernel.
+#[derive(Clone)]
+pub struct MemoryBackend(Arc<Mutex<MemoryKernel>>);
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        let mut kernel = MemoryKernel {
+            next_index: 1,
+            ..Default::default()
+        };
+        kernel.add_link("lo", 65536);
+        MemoryBackend(Arc::new(Mutex::new(kernel)))
+    }
+}
+
+impl MemoryBackend {
+    /// A kernel with a loopback interface only.
+    pub fn new() -> MemoryBackend {
+        MemoryBackend::default()
+    }
+
+    /// A kernel with an underlay interface `name` that holds every address
+    /// asked for: the local VTEP's parent address is always found. This is
+    /// what `--kernel memory` runs with.
+    pub fn with_underlay(name: &str, mtu: u32) -> MemoryBackend {
+        let backend = MemoryBackend::new();
+        {
+            let mut k = backend.lock();
+            let index = k.add_link(name, mtu);
+            k.underlay = Some(ParentInterface {
+                name: Arc::from(name),
+                index,
+                mtu,
+            });
+        }
+        backend
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, MemoryKernel> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes every later operation matching `rule` fail with `errno`.
+    pub fn inject_fault(&self, rule: impl Fn(&KernelOp) -> bool + Send + 'static, errno: i32) {
+        self.lock().faults.push((Box::new(rule), errno));
+    }
+
+    /// Starts keeping every operation in `MemoryKernel::log`.
+    pub fn record_operations(&self) {
+        self.lock().record = true;
+    }
+
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+}
+
+impl MemoryKernel {
+    /// Adds a plain (non-VXLAN) interface; returns its index.
+    pub fn add_link(&mut self, name: &str, mtu: u32) -> u32 {
+        let index = self.next_index;
+        self.next_index += 1;
+        self.links.insert(
+            index,
+            Link {
+                index,
+                name: name.to_string(),
+                mtu,
+                mac: None,
+                up: true,
+                vxlan: None,
+                addresses: Vec::new(),
+                tx_checksum: None,
+            },
+        );
+        index
+    }
+
+    pub fn link_by_name(&self, name: &str) -> Option<&Link> {
+        self.links.values().find(|l| l.name == name)
+    }
+
+    fn link_mut(&mut self, index: u32) -> Result<&mut Link, KernelError> {
+        self.links
+            .get_mut(&index)
+            .ok_or(KernelError::from_errno(libc::ENODEV))
+    }
+
+    fn require_link(&self, index: u32) -> Result<(), KernelError> {
+        if self.links.contains_key(&index) {
+            Ok(())
+        } else {
+            Err(KernelError::from_errno(libc::ENODEV))
+        }
+    }
+
+    /// Removes a link and everything the kernel removes with it.
+    pub fn delete_link(&mut self, index: u32) -> Result<(), KernelError> {
+        self.links
+            .remove(&index)
+            .ok_or(KernelError::from_errno(libc::ENODEV))?;
+        let gone_nexthops: BTreeSet<u32> = self
+            .nexthops
+            .values()
+            .filter(|n| n.ifindex == index)
+            .map(|n| n.id)
+            .collect();
+        self.nexthops.retain(|id, _| !gone_nexthops.contains(id));
+        self.routes.retain(|_, r| match r.via {
+            KernelRouteVia::Nexthop(id) => !gone_nexthops.contains(&id),
+            _ => r.ifindex() != Some(index),
+        });
+        self.neighbors.retain(|(i, _), _| *i != index);
+        self.fdb.retain(|(i, _), _| *i != index);
+        Ok(())
+    }
+
+    fn apply_one(&mut self, op: &KernelOp) -> Result<(), KernelError> {
+        if let Some((_, errno)) = self.faults.iter().find(|(rule, _)| rule(op)) {
+            return Err(KernelError::from_errno(*errno));
+        }
+        match op {
+            KernelOp::CreateVxlan(spec) => {
+                if self.link_by_name(&spec.name).is_some() {
+                    return Err(KernelError::from_errno(libc::EEXIST));
+                }
+                self.require_link(spec.parent_index)?;
+                let index = self.add_link(&spec.name, spec.mtu);
+                let link = self.link_mut(index)?;
+                link.up = false;
+                link.mac = Some(spec.mac);
+                link.vxlan = Some(VxlanAttrs {
+                    vni: spec.vni,
+                    port: spec.port,
+                    parent_index: Some(spec.parent_index),
+                    local: Some(spec.local),
+                    learning: false,
+                });
+                link.tx_checksum = Some(true);
+            }
+            KernelOp::DeleteLink { index, .. } => self.delete_link(*index)?,
+            KernelOp::SetMtu { index, mtu } => self.link_mut(*index)?.mtu = *mtu,
+            KernelOp::SetUp { index } => self.link_mut(*index)?.up = true,
+            KernelOp::AddAddress { index, address } => {
+                let link = self.link_mut(*index)?;
+                if link.addresses.contains(address) {
+                    return Err(KernelError::from_errno(libc::EEXIST));
+                }
+                link.addresses.push(*address);
+            }
+            KernelOp::DeleteAddress { index, address } => {
+                let link = self.link_mut(*index)?;
+                let before = link.addresses.len();
+                link.addresses.retain(|a| a != address);
+                if link.addresses.len() == before {
+                    return Err(KernelError::from_errno(libc::EADDRNOTAVAIL));
+                }
+            }
+            KernelOp::DisableTxChecksum { name } => {
+                let index = self
+                    .link_by_name(name)
+                    .map(|l| l.index)
+                    .ok_or(KernelError::from_errno(libc::ENODEV))?;
+                self.link_mut(index)?.tx_checksum = Some(false);
+            }
+            KernelOp::ReplaceNexthop(n) => {
+                self.require_link(n.ifindex)?;
+                self.nexthops.insert(n.id, *n);
+            }
+            KernelOp::DeleteNexthop(n) => {
+                self.nexthops
+                    .remove(&n.id)
+                    .ok_or(KernelError::from_errno(libc::ENOENT))?;
+                self.routes
+                    .retain(|_, r| r.via != KernelRouteVia::Nexthop(n.id));
+            }
+            KernelOp::ReplaceRoute(r) => {
+                match r.via {
+                    KernelRouteVia::Nexthop(id) if !self.nexthops.contains_key(&id) => {
+                        return Err(KernelError::from_errno(libc::EINVAL));
+                    }
+                    _ => {}
+                }
+                if let Some(index) = r.ifindex() {
+                    self.require_link(index)?;
+                }
+                self.routes.insert(r.dst, *r);
+            }
+            KernelOp::DeleteRoute(r) => {
+                self.routes
+                    .remove(&r.dst)
+                    .ok_or(KernelError::from_errno(libc::ESRCH))?;
+            }
+            KernelOp::ReplaceNeighbor(n) => {
+                self.require_link(n.ifindex)?;
+                self.neighbors.insert((n.ifindex, n.address), *n);
+            }
+            KernelOp::DeleteNeighbor(n) => {
+                self.neighbors
+                    .remove(&(n.ifindex, n.address))
+                    .ok_or(KernelError::from_errno(libc::ENOENT))?;
+            }
+            KernelOp::ReplaceFdb(e) => {
+                self.require_link(e.ifindex)?;
+                self.fdb.insert((e.ifindex, e.mac), *e);
+            }
+            KernelOp::DeleteFdb(e) => {
+                self.fdb
+                    .remove(&(e.ifindex, e.mac))
+                    .ok_or(KernelError::from_errno(libc::ENOENT))?;
+            }
+            KernelOp::Ipset { name, change, .. } => {
+                let set = self.ipsets.entry(name.clone()).or_default();
+                match change {
+                    IpsetChange::Update { add, del } => {
+                        set.extend(add.iter().copied());
+                        for m in del {
+                            set.remove(m);
+                        }
+                    }
+                    IpsetChange::Replace { members } => {
+                        *set = members.iter().copied().collect();
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn owned_state(&self, ownership: &Ownership) -> KernelState {
+        let devices: Vec<Link> = self
+            .links
+            .values()
+            .filter(|l| ownership.devices.contains(&l.name))
+            .cloned()
+            .collect();
+        let ours = |index: u32| devices.iter().any(|d| d.index == index);
+        KernelState {
+            routes: self
+                .routes
+                .values()
+                .filter(|r| r.protocol == ownership.protocol || r.ifindex().is_some_and(ours))
+                .copied()
+                .collect(),
+            nexthops: self
+                .nexthops
+                .values()
+                .filter(|n| n.protocol == ownership.protocol)
+                .copied()
+                .collect(),
+            neighbors: self
+                .neighbors
+                .values()
+                .filter(|n| ours(n.ifindex))
+                .copied()
+                .collect(),
+            fdb: self
+                .fdb
+                .values()
+                .filter(|e| ours(e.ifindex))
+                .copied()
+                .collect(),
+            ipsets: ownership
+                .ipsets
+                .iter()
+                .filter_map(|(name, _)| {
+                    let set = self.ipsets.get(name)?;
+                    Some((name.clone(), set.iter().copied().collect()))
+                })
+                .collect(),
+            devices,
+        }
+    }
+}
+
+impl KernelBackend for MemoryBackend {
+    async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
+        Ok(self.lock().owned_state(ownership))
+    }
+
+    async fn links(&mut self, names: &[String]) -> Result<Vec<Link>, KernelError> {
+        let k = self.lock();
+        Ok(names
+            .iter()
+            .filter_map(|n| k.link_by_name(n).cloned())
+            .collect())
+    }
+
+    async fn find_interface(
+        &mut self,
+        address: IpAddr,
+    ) -> Result<Option<ParentInterface>, KernelError> {
+        let k = self.lock();
+        let holder = k
+            .links
+            .values()
+            .find(|l| l.addresses.iter().any(|a| a.ip() == address));
+        Ok(match holder {
+            Some(l) => Some(ParentInterface {
+                name: Arc::from(l.name.as_str()),
+                index: l.index,
+                mtu: l.mtu,
+            }),
+            None => k.underlay.clone(),
+        })
+    }
+
+    async fn apply(&mut self, ops: &[KernelOp]) -> Vec<Result<(), KernelError>> {
+        let mut k = self.lock();
+        ops.iter()
+            .map(|op| {
+                if k.record {
+                    k.log.push(op.clone());
+                }
+                k.apply_one(op)
+            })
+            .collect()
+    }
+
+    async fn supports_nexthops(&mut self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,72 @@
+//! The kernel backend: one trait, two implementations. `netlink` programs the
+//! real kernel; `memory` keeps the same semantics in maps and records every
+//! operation, for kernel-free tests and `--kernel memory`.
+
+pub mod memory;
+pub mod objects;
+
+use std::future::Future;
+use std::net::IpAddr;
+
+use crate::desired::ParentInterface;
+use objects::{KernelOp, KernelState, Link, Ownership};
+
+/// Why the kernel refused an operation or a read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct KernelError {
+    pub errno: Option<i32>,
+    pub message: String,
+}
+
+impl KernelError {
+    pub fn from_errno(errno: i32) -> KernelError {
+        KernelError {
+            errno: Some(errno),
+            message: std::io::Error::from_raw_os_error(errno).to_string(),
+        }
+    }
+
+    pub fn other(message: impl Into<String>) -> KernelError {
+        KernelError {
+            errno: None,
+            message: message.into(),
+        }
+    }
+
+    /// The interface the operation needs is missing: waited for, not retried.
+    pub fn is_missing_device(&self) -> bool {
+        self.errno == Some(libc::ENODEV)
+    }
+}
+
+/// What vxmgr needs from a kernel. One task owns the backend.
+pub trait KernelBackend: Send + 'static {
+    /// Every object vxmgr owns, by the rules in `ownership`.
+    fn dump(
+        &mut self,
+        ownership: &Ownership,
+    ) -> impl Future<Output = Result<KernelState, KernelError>> + Send;
+
+    /// The links with these names that exist.
+    fn links(
+        &mut self,
+        names: &[String],
+    ) -> impl Future<Output = Result<Vec<Link>, KernelError>> + Send;
+
+    /// The interface holding `address`, if any.
+    fn find_interface(
+        &mut self,
+        address: IpAddr,
+    ) -> impl Future<Output = Result<Option<ParentInterface>, KernelError>> + Send;
+
+    /// Applies operations that do not depend on one another, as concurrently
+    /// as the backend can; one result per operation, in order.
+    fn apply(
+        &mut self,
+        ops: &[KernelOp],
+    ) -> impl Future<Output = Vec<Result<(), KernelError>>> + Send;
+
+    /// Whether the kernel has nexthop objects.
+    fn supports_nexthops(&mut self) -> impl Future<Output = bool> + Send;
+}

@@ -1,0 +1,732 @@
+//! Owns the desired and actual view of every kernel object vxmgr manages,
+//! turns manager deltas into kernel operations, retries failures with
+//! backoff, and runs full resyncs from kernel dumps.
+
+mod device;
+mod nexthops;
+mod render;
+mod table;
+
+use std::collections::{HashMap, HashSet};
+use std::net::IpAddr;
+use std::time::Instant;
+
+use tracing::{debug, info, warn};
+
+use crate::desired::{
+    Delta, FdbEntry, FdbKey, IpsetMember, Neighbor, NexthopKey, ParentInterface, Route,
+    TunnelNexthop, VxlanDevice,
+};
+use crate::kernel::objects::{
+    IpsetChange, KernelNexthop, KernelOp, KernelRouteVia, Link, Ownership,
+};
+use crate::kernel::{KernelBackend, KernelError};
+use crate::model::Family;
+use nexthops::NexthopIds;
+use table::{Effect, Planned, Programmable, RenderContext, Table};
+
+/// Whether tunnel routes use nexthop objects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum NexthopMode {
+    /// Use them when the kernel has them.
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(Clone, Debug)]
+pub struct ReconcilerOptions {
+    pub nexthops: NexthopMode,
+    pub disable_tx_checksum: bool,
+    /// Route protocol until the first batch says otherwise.
+    pub route_protocol: u8,
+}
+
+/// One batch from the manager.
+#[derive(Clone, Debug, Default)]
+pub struct ApplyRequest {
+    pub delta: Delta,
+    /// The stream's InSync has been seen: objects nobody declared may go.
+    pub in_sync: bool,
+    pub route_protocol: u8,
+    /// Each family's local VTEP parent address, to find the parent interface by.
+    pub parent_ips: [Option<IpAddr>; 2],
+}
+
+/// A kernel operation that failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectError {
+    /// "adding route 10.0.1.0/26 via 10.0.80.0 dev vxlan.calico onlink"
+    pub object: String,
+    pub error: String,
+}
+
+/// What one pass did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    pub added: u32,
+    pub changed: u32,
+    pub removed: u32,
+    pub errors: Vec<ObjectError>,
+    /// Parent interfaces found, lost or moved: feed these to the manager.
+    pub parent_changes: Vec<(Family, Option<ParentInterface>)>,
+    /// Operations attempted.
+    pub operations: u32,
+}
+
+impl Report {
+    fn count(&mut self, effect: Effect) {
+        match effect {
+            Effect::Added => self.added += 1,
+            Effect::Changed => self.changed += 1,
+            Effect::Removed => self.removed += 1,
+        }
+    }
+
+    fn fail(&mut self, object: String, error: &KernelError) {
+        warn!(%object, %error, "kernel operation failed");
+        self.errors.push(ObjectError {
+            object,
+            error: error.to_string(),
+        });
+    }
+}
+
+/// One family's device: what is wanted and the link as last read.
+#[derive(Default)]
+struct DeviceSlot {
+    desired: Option<VxlanDevice>,
+    link: Option<Link>,
+    dirty: bool,
+    wanted_parent_ip: Option<IpAddr>,
+    parent: Option<ParentInterface>,
+    /// The last device operation's failure, until one succeeds.
+    error: Option<ObjectError>,
+}
+
+pub struct Reconciler<B: KernelBackend> {
+    backend: B,
+    options: ReconcilerOptions,
+    use_nexthops: bool,
+    route_protocol: u8,
+    /// After the stream's InSync: undeclared objects of ours are removed.
+    sweep: bool,
+    devices: [DeviceSlot; 2],
+    nexthop_ids: NexthopIds,
+    nexthops: Table<TunnelNexthop>,
+    routes: Table<Route>,
+    neighbors: Table<Neighbor>,
+    fdb: Table<FdbEntry>,
+    ipset: Table<IpsetMember>,
+    /// Our ipsets that exist in the kernel.
+    ipsets_present: HashSet<String>,
+}
+
+/// Interface indexes and nexthop ids as the reconciler knows them now.
+struct Context<'a> {
+    device_index: [Option<u32>; 2],
+    ids: &'a NexthopIds,
+    /// Nexthops in the kernel; not needed to render nexthops themselves.
+    programmed: Option<&'a HashMap<NexthopKey, KernelNexthop>>,
+    use_nexthops: bool,
+}
+
+impl<'a> Context<'a> {
+    fn new(
+        devices: &[DeviceSlot; 2],
+        ids: &'a NexthopIds,
+        programmed: Option<&'a HashMap<NexthopKey, KernelNexthop>>,
+        use_nexthops: bool,
+    ) -> Context<'a> {
+        Context {
+            device_index: [0, 1].map(|i| devices[i].link.as_ref().map(|l| l.index)),
+            ids,
+            programmed,
+            use_nexthops,
+        }
+    }
+}
+
+impl RenderContext for Context<'_> {
+    fn device_index(&self, family: Family) -> Option<u32> {
+        self.device_index[family as usize]
+    }
+
+    fn nexthop_id(&self, key: &NexthopKey) -> Option<u32> {
+        self.ids.get(key)
+    }
+
+    fn programmed_nexthop(&self, key: &NexthopKey) -> Option<u32> {
+        self.programmed?.get(key).map(|n| n.id)
+    }
+
+    fn use_nexthops(&self) -> bool {
+        self.use_nexthops
+    }
+}
+
+impl<B: KernelBackend> Reconciler<B> {
+    /// Detects what the kernel supports; reads nothing else yet.
+    pub async fn new(mut backend: B, options: ReconcilerOptions) -> Reconciler<B> {
+        let use_nexthops = match options.nexthops {
+            NexthopMode::On => true,
+            NexthopMode::Off => false,
+            NexthopMode::Auto => backend.supports_nexthops().await,
+        };
+        info!(use_nexthops, "kernel backend ready");
+        Reconciler {
+            backend,
+            route_protocol: options.route_protocol,
+            options,
+            use_nexthops,
+            sweep: false,
+            devices: Default::default(),
+            nexthop_ids: NexthopIds::default(),
+            nexthops: Table::default(),
+            routes: Table::default(),
+            neighbors: Table::default(),
+            fdb: Table::default(),
+            ipset: Table::default(),
+            ipsets_present: HashSet::new(),
+        }
+    }
+
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    pub fn uses_nexthops(&self) -> bool {
+        self.use_nexthops
+    }
+
+    fn ownership(&self) -> Ownership {
+        Ownership {
+            protocol: self.route_protocol,
+            devices: Family::ALL
+                .iter()
+                .map(|f| f.device_name().to_string())
+                .collect(),
+            ipsets: Family::ALL
+                .iter()
+                .map(|f| (f.ipset_name().to_string(), *f))
+                .collect(),
+        }
+    }
+
+    /// A new stream starts: it will declare everything again, and nothing is
+    /// removed until its InSync.
+    pub fn begin_stream(&mut self) {
+        self.sweep = false;
+        for slot in &mut self.devices {
+            slot.desired = None;
+        }
+        self.nexthops.clear_desired();
+        self.routes.clear_desired();
+        self.neighbors.clear_desired();
+        self.fdb.clear_desired();
+        self.ipset.clear_desired();
+    }
+
+    /// Applies one batch from the manager.
+    pub async fn apply(&mut self, request: ApplyRequest) -> Report {
+        let delta = request.delta;
+        for change in delta.devices {
+            let slot = &mut self.devices[change.key as usize];
+            slot.desired = change.desired;
+            slot.dirty = true;
+        }
+        for change in delta.nexthops {
+            let key = change.key.clone();
+            self.nexthops.set_desired(change);
+            if self.nexthops.is_gone(&key) {
+                self.nexthop_ids.release(&key);
+            }
+        }
+        delta
+            .routes
+            .into_iter()
+            .for_each(|c| self.routes.set_desired(c));
+        delta
+            .neighbors
+            .into_iter()
+            .for_each(|c| self.neighbors.set_desired(c));
+        delta.fdb.into_iter().for_each(|c| self.fdb.set_desired(c));
+        delta
+            .ipset
+            .into_iter()
+            .for_each(|c| self.ipset.set_desired(c));
+        if request.route_protocol != self.route_protocol {
+            self.route_protocol = request.route_protocol;
+        }
+        if request.in_sync && !self.sweep {
+            info!("stream in sync: removing objects it did not declare");
+            self.sweep = true;
+            self.mark_all_pending();
+        }
+        let mut report = Report::default();
+        for family in Family::ALL {
+            let wanted = request.parent_ips[family as usize];
+            if self.devices[family as usize].wanted_parent_ip != wanted {
+                self.devices[family as usize].wanted_parent_ip = wanted;
+                self.find_parent(family, &mut report).await;
+            }
+        }
+        self.pass(&mut report).await;
+        report
+    }
+
+    fn mark_all_pending(&mut self) {
+        for slot in &mut self.devices {
+            slot.dirty = true;
+        }
+        self.nexthops.mark_all_pending();
+        self.routes.mark_all_pending();
+        self.neighbors.mark_all_pending();
+        self.fdb.mark_all_pending();
+        self.ipset.mark_all_pending();
+    }
+
+    /// Reads everything of ours from the kernel and makes it match: the
+    /// start-up adoption, the periodic refresh and the repair after an overrun.
+    pub async fn resync(&mut self) -> Result<Report, KernelError> {
+        let started = Instant::now();
+        let state = self.backend.dump(&self.ownership()).await?;
+        let mut report = Report::default();
+        for family in Family::ALL {
+            let slot = &mut self.devices[family as usize];
+            slot.link = state
+                .devices
+                .iter()
+                .find(|l| l.name == family.device_name())
+                .cloned();
+            slot.dirty = true;
+        }
+        let family_of = |index: u32| {
+            state
+                .devices
+                .iter()
+                .find(|l| l.index == index)
+                .and_then(|l| Family::ALL.into_iter().find(|f| f.device_name() == l.name))
+        };
+        self.routes
+            .reset_actual(state.routes.iter().map(|r| (r.dst, *r)));
+        let keyed = self.nexthop_ids.reset(state.nexthops.clone());
+        self.nexthops.reset_actual(keyed);
+        self.neighbors
+            .reset_actual(state.neighbors.iter().map(|n| (n.address, *n)));
+        self.fdb.reset_actual(
+            state
+                .fdb
+                .iter()
+                .filter_map(|e| Some((FdbKey(family_of(e.ifindex)?, e.mac), *e))),
+        );
+        self.ipset.reset_actual(
+            state
+                .ipsets
+                .iter()
+                .flat_map(|(_, members)| members.iter().map(|m| (*m, *m))),
+        );
+        self.ipsets_present = state.ipsets.iter().map(|(name, _)| name.clone()).collect();
+        for family in Family::ALL {
+            self.find_parent(family, &mut report).await;
+        }
+        self.pass(&mut report).await;
+        debug!(
+            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
+            routes = state.routes.len(),
+            "resync"
+        );
+        Ok(report)
+    }
+
+    /// Re-reads our devices and parent interfaces, and repairs drift.
+    pub async fn check_devices(&mut self) -> Report {
+        let mut report = Report::default();
+        for family in Family::ALL {
+            self.find_parent(family, &mut report).await;
+            self.refresh_link(family, &mut report).await;
+            self.devices[family as usize].dirty = true;
+        }
+        self.pass(&mut report).await;
+        report
+    }
+
+    /// Retries failed objects whose backoff has passed.
+    pub async fn retry(&mut self, now: Instant) -> Report {
+        self.nexthops.retry_due(now);
+        self.routes.retry_due(now);
+        self.neighbors.retry_due(now);
+        self.fdb.retry_due(now);
+        self.ipset.retry_due(now);
+        let mut report = Report::default();
+        self.pass(&mut report).await;
+        report
+    }
+
+    pub fn next_retry(&self) -> Option<Instant> {
+        [
+            self.nexthops.next_retry(),
+            self.routes.next_retry(),
+            self.neighbors.next_retry(),
+            self.fdb.next_retry(),
+            self.ipset.next_retry(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// Objects whose last operation failed, for GetState and health.
+    pub fn failing(&self) -> Vec<ObjectError> {
+        let devices = self.devices.iter().filter_map(|d| d.error.clone());
+        let mut failing: Vec<ObjectError> = self
+            .nexthops
+            .failures()
+            .chain(self.routes.failures())
+            .chain(self.neighbors.failures())
+            .chain(self.fdb.failures())
+            .chain(self.ipset.failures())
+            .map(|f| ObjectError {
+                object: f.what.clone(),
+                error: f.error.to_string(),
+            })
+            .chain(devices)
+            .collect();
+        failing.sort_by(|a, b| a.object.cmp(&b.object));
+        failing
+    }
+
+    async fn find_parent(&mut self, family: Family, report: &mut Report) {
+        let slot = &self.devices[family as usize];
+        let found = match slot.wanted_parent_ip {
+            None => None,
+            Some(ip) => match self.backend.find_interface(ip).await {
+                Ok(found) => found,
+                Err(e) => {
+                    report.fail(format!("finding the interface holding {ip}"), &e);
+                    return;
+                }
+            },
+        };
+        let slot = &mut self.devices[family as usize];
+        if slot.parent != found {
+            info!(%family, parent = ?found.as_ref().map(|p| &p.name), "parent interface changed");
+            slot.parent = found.clone();
+            report.parent_changes.push((family, found));
+        }
+    }
+
+    async fn refresh_link(&mut self, family: Family, report: &mut Report) {
+        let name = family.device_name().to_string();
+        match self.backend.links(std::slice::from_ref(&name)).await {
+            Ok(links) => self.devices[family as usize].link = links.into_iter().next(),
+            Err(e) => report.fail(format!("reading device {name}"), &e),
+        }
+    }
+
+    /// One reconciliation pass over everything pending, in dependency
+    /// order: devices, then what routes lean on (nexthops, neighbours, FDB),
+    /// routes, the ipsets; deletes last, in reverse.
+    async fn pass(&mut self, report: &mut Report) {
+        for family in Family::ALL {
+            if self.devices[family as usize].dirty {
+                self.reconcile_device(family, report).await;
+            }
+        }
+        if self.use_nexthops {
+            self.assign_nexthop_ids();
+            let ctx = Context::new(&self.devices, &self.nexthop_ids, None, true);
+            let planned = self.nexthops.plan_upserts(&ctx);
+            execute(&mut self.backend, &mut self.nexthops, planned, report).await;
+        }
+        let ctx = Context::new(
+            &self.devices,
+            &self.nexthop_ids,
+            Some(&self.nexthops.actual),
+            self.use_nexthops,
+        );
+        let neighbors = self.neighbors.plan_upserts(&ctx);
+        let fdb = self.fdb.plan_upserts(&ctx);
+        let routes = self.routes.plan_upserts(&ctx);
+        execute(&mut self.backend, &mut self.neighbors, neighbors, report).await;
+        execute(&mut self.backend, &mut self.fdb, fdb, report).await;
+        execute(&mut self.backend, &mut self.routes, routes, report).await;
+        self.sync_ipsets(report).await;
+
+        // Before InSync these let go of would-be deletes without doing them.
+        let routes = self.routes.plan_deletes(self.sweep);
+        execute(&mut self.backend, &mut self.routes, routes, report).await;
+        let nexthops = self.nexthops.plan_deletes(self.sweep);
+        let gone = execute(&mut self.backend, &mut self.nexthops, nexthops, report).await;
+        for key in gone {
+            self.nexthop_ids.release(&key);
+        }
+        if self.sweep {
+            let stale = self.nexthop_ids.take_unclaimed();
+            self.delete_stale_nexthops(stale, report).await;
+        }
+        let neighbors = self.neighbors.plan_deletes(self.sweep);
+        let fdb = self.fdb.plan_deletes(self.sweep);
+        execute(&mut self.backend, &mut self.neighbors, neighbors, report).await;
+        execute(&mut self.backend, &mut self.fdb, fdb, report).await;
+    }
+
+    /// Gives every wanted nexthop an id, adopting matching kernel nexthops.
+    fn assign_nexthop_ids(&mut self) {
+        for (key, nexthop) in &self.nexthops.desired {
+            if self.nexthop_ids.get(key).is_some() {
+                continue;
+            }
+            let Some(index) = self.devices[key.0 as usize].link.as_ref().map(|l| l.index) else {
+                continue;
+            };
+            if let (_, Some(adopted)) = self.nexthop_ids.assign(nexthop, index) {
+                self.nexthops.actual.insert(key.clone(), adopted);
+            }
+        }
+    }
+
+    /// Our nexthops in the kernel that no node claimed.
+    async fn delete_stale_nexthops(&mut self, stale: Vec<KernelNexthop>, report: &mut Report) {
+        if stale.is_empty() {
+            return;
+        }
+        let ops: Vec<KernelOp> = stale.iter().map(|n| KernelOp::DeleteNexthop(*n)).collect();
+        let results = self.backend.apply(&ops).await;
+        report.operations += ops.len() as u32;
+        for (nexthop, result) in stale.iter().zip(results) {
+            match ignore_missing(result) {
+                Ok(()) => report.count(Effect::Removed),
+                Err(e) => report.fail(format!("deleting stale nexthop {}", nexthop.id), &e),
+            }
+        }
+        let ids: HashSet<u32> = stale.iter().map(|n| n.id).collect();
+        self.routes
+            .forget_actual(|r| matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id)));
+    }
+
+    /// Brings each family's ipset in line with one `ipset restore`: member
+    /// adds and deletes, or a full replace when the set is missing.
+    async fn sync_ipsets(&mut self, report: &mut Report) {
+        let ctx = Context::new(&self.devices, &self.nexthop_ids, None, false);
+        let mut planned = self.ipset.plan_upserts(&ctx);
+        planned.extend(self.ipset.plan_deletes(self.sweep));
+        for family in Family::ALL {
+            let name = family.ipset_name();
+            let (mine, rest): (Vec<_>, Vec<_>) = planned
+                .into_iter()
+                .partition(|p| Family::of_net(&p.key) == family);
+            planned = rest;
+            let present = self.ipsets_present.contains(name);
+            if mine.is_empty() && present {
+                continue;
+            }
+            let change = if present {
+                let (add, del): (Vec<_>, Vec<_>) = mine.iter().partition(|p| p.after.is_some());
+                IpsetChange::Update {
+                    add: add.iter().map(|p| p.key).collect(),
+                    del: del.iter().map(|p| p.key).collect(),
+                }
+            } else {
+                let mut members: Vec<_> = self
+                    .ipset
+                    .desired
+                    .keys()
+                    .filter(|m| Family::of_net(m) == family)
+                    .copied()
+                    .collect();
+                members.sort();
+                IpsetChange::Replace { members }
+            };
+            let op = KernelOp::Ipset {
+                name: name.to_string(),
+                family,
+                change,
+            };
+            let what = op.to_string();
+            let result = self
+                .backend
+                .apply(std::slice::from_ref(&op))
+                .await
+                .remove(0);
+            report.operations += 1;
+            let now = Instant::now();
+            match &result {
+                Ok(()) => {
+                    debug!(change = %what, "kernel");
+                    self.ipsets_present.insert(name.to_string());
+                }
+                Err(e) => report.fail(what, e),
+            }
+            for p in mine {
+                if result.is_ok() {
+                    report.count(p.effect);
+                }
+                self.ipset.record(p, result.clone(), now);
+            }
+        }
+    }
+
+    /// Makes one family's device match: create, recreate, fix up, or (after
+    /// InSync) delete.
+    async fn reconcile_device(&mut self, family: Family, report: &mut Report) {
+        self.devices[family as usize].dirty = false;
+        self.refresh_link(family, report).await;
+        let slot = &self.devices[family as usize];
+        let desired = slot.desired.clone();
+        let mut link = slot.link.clone();
+        let mut recreated = false;
+        if let Some(l) = &link {
+            let reason = match &desired {
+                Some(d) => device::recreate_reason(d, l),
+                None if self.sweep => Some("no VTEP for this node".into()),
+                None => None,
+            };
+            if let Some(reason) = reason {
+                info!(device = %l.name, %reason, "deleting device");
+                let op = KernelOp::DeleteLink {
+                    index: l.index,
+                    name: l.name.clone(),
+                };
+                if !self.device_op(family, op, report).await {
+                    return;
+                }
+                self.forget_device_objects(l.index);
+                self.devices[family as usize].link = None;
+                link = None;
+                recreated = desired.is_some();
+                if !recreated {
+                    report.count(Effect::Removed);
+                }
+            }
+        }
+        let Some(desired) = desired else {
+            return;
+        };
+        if link.is_none() {
+            let op = KernelOp::CreateVxlan(device::spec(&desired));
+            if !self.device_op(family, op, report).await {
+                return;
+            }
+            report.count(if recreated {
+                Effect::Changed
+            } else {
+                Effect::Added
+            });
+            self.refresh_link(family, report).await;
+            // Everything on the device has to be programmed (again).
+            self.mark_all_pending();
+            self.devices[family as usize].dirty = false;
+        }
+        let Some(link) = self.devices[family as usize].link.clone() else {
+            return;
+        };
+        let fixups = device::fixups(&desired, &link, self.options.disable_tx_checksum);
+        if fixups.is_empty() {
+            self.devices[family as usize].error = None;
+            return;
+        }
+        let mut all_ok = true;
+        for op in fixups {
+            all_ok &= self.device_op(family, op, report).await;
+        }
+        if all_ok && !recreated && link.up {
+            report.count(Effect::Changed);
+        }
+        self.refresh_link(family, report).await;
+    }
+
+    /// One device operation; failures are reported and the device re-checked
+    /// on the next pass.
+    async fn device_op(&mut self, family: Family, op: KernelOp, report: &mut Report) -> bool {
+        let what = op.to_string();
+        let result = self
+            .backend
+            .apply(std::slice::from_ref(&op))
+            .await
+            .remove(0);
+        report.operations += 1;
+        let slot = &mut self.devices[family as usize];
+        match result {
+            Ok(()) => {
+                debug!(change = %what, "kernel");
+                slot.error = None;
+                true
+            }
+            Err(e) => {
+                report.fail(what.clone(), &e);
+                slot.error = Some(ObjectError {
+                    object: what,
+                    error: e.to_string(),
+                });
+                slot.dirty = true;
+                false
+            }
+        }
+    }
+
+    /// The kernel drops a device's routes, nexthops, neighbours and FDB
+    /// entries with it.
+    fn forget_device_objects(&mut self, index: u32) {
+        let gone: HashSet<u32> = self
+            .nexthops
+            .actual
+            .values()
+            .filter(|n| n.ifindex == index)
+            .map(|n| n.id)
+            .collect();
+        self.nexthops.forget_actual(|n| n.ifindex == index);
+        self.routes.forget_actual(|r| {
+            r.ifindex() == Some(index)
+                || matches!(r.via, KernelRouteVia::Nexthop(id) if gone.contains(&id))
+        });
+        self.neighbors.forget_actual(|n| n.ifindex == index);
+        self.fdb.forget_actual(|e| e.ifindex == index);
+    }
+}
+
+/// Applies one table's planned operations in one pipelined call and
+/// records the outcomes.
+/// Returns the keys whose objects were removed.
+async fn execute<B: KernelBackend, D: Programmable>(
+    backend: &mut B,
+    table: &mut Table<D>,
+    planned: Vec<Planned<D>>,
+    report: &mut Report,
+) -> Vec<D::Key> {
+    let mut removed = Vec::new();
+    if planned.is_empty() {
+        return removed;
+    }
+    let ops: Vec<KernelOp> = planned.iter().map(|p| p.op.clone()).collect();
+    let results = backend.apply(&ops).await;
+    let now = Instant::now();
+    report.operations += ops.len() as u32;
+    for (p, result) in planned.into_iter().zip(results) {
+        let result = if p.effect == Effect::Removed {
+            ignore_missing(result)
+        } else {
+            result
+        };
+        match &result {
+            Ok(()) => {
+                debug!(change = %p.what, "kernel");
+                report.count(p.effect);
+                if p.effect == Effect::Removed {
+                    removed.push(p.key.clone());
+                }
+            }
+            Err(e) => report.fail(p.what.clone(), e),
+        }
+        table.record(p, result, now);
+    }
+    removed
+}
+
+/// Deleting what is already gone succeeded.
+fn ignore_missing(result: Result<(), KernelError>) -> Result<(), KernelError> {
+    match result {
+        Err(e) if matches!(e.errno, Some(libc::ENOENT | libc::ESRCH | libc::ENODEV)) => Ok(()),
+        other => other,
+    }
+}

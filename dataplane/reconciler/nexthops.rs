@@ -1,0 +1,99 @@
+//! Nexthop ids: one per remote node and family. Ids found in the kernel are
+//! adopted by the node whose gateway they already point at, so a restart
+//! re-uses them instead of rewriting every route.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::desired::{NexthopKey, TunnelNexthop};
+use crate::kernel::objects::KernelNexthop;
+
+/// Ids start high so they are unlikely to meet another agent's.
+const FIRST_ID: u32 = 0x7678_0000;
+
+#[derive(Default)]
+pub struct NexthopIds {
+    by_key: HashMap<NexthopKey, u32>,
+    in_use: HashSet<u32>,
+    /// Our nexthops in the kernel that no node has claimed yet.
+    unclaimed: HashMap<u32, KernelNexthop>,
+    next: u32,
+}
+
+impl NexthopIds {
+    pub fn get(&self, key: &NexthopKey) -> Option<u32> {
+        self.by_key.get(key).copied()
+    }
+
+    /// After a dump: nexthops already assigned keep their keys; the others
+    /// wait to be claimed. Returns the assigned ones, keyed.
+    pub fn reset(&mut self, dumped: Vec<KernelNexthop>) -> Vec<(NexthopKey, KernelNexthop)> {
+        let by_id: HashMap<u32, NexthopKey> =
+            self.by_key.iter().map(|(k, id)| (*id, k.clone())).collect();
+        self.unclaimed.clear();
+        let mut keyed = Vec::new();
+        for nh in dumped {
+            match by_id.get(&nh.id) {
+                Some(key) => keyed.push((key.clone(), nh)),
+                None => {
+                    self.in_use.insert(nh.id);
+                    self.unclaimed.insert(nh.id, nh);
+                }
+            }
+        }
+        keyed
+    }
+
+    /// An id for `nexthop`: one it already has, an unclaimed kernel nexthop
+    /// with the same gateway on the same device (returned, to be taken as
+    /// actual state), or a fresh one.
+    pub fn assign(
+        &mut self,
+        nexthop: &TunnelNexthop,
+        device_index: u32,
+    ) -> (u32, Option<KernelNexthop>) {
+        let key = NexthopKey(nexthop.family, nexthop.node.clone());
+        if let Some(id) = self.by_key.get(&key) {
+            return (*id, None);
+        }
+        let adopted = self
+            .unclaimed
+            .values()
+            .find(|n| n.gateway == nexthop.gateway && n.ifindex == device_index)
+            .copied();
+        let id = match adopted {
+            Some(n) => {
+                self.unclaimed.remove(&n.id);
+                n.id
+            }
+            None => self.fresh_id(),
+        };
+        self.by_key.insert(key, id);
+        (id, adopted)
+    }
+
+    fn fresh_id(&mut self) -> u32 {
+        loop {
+            let id = FIRST_ID.wrapping_add(self.next);
+            self.next = self.next.wrapping_add(1);
+            if id != 0 && self.in_use.insert(id) {
+                return id;
+            }
+        }
+    }
+
+    /// Releases the id of a node whose nexthop is gone.
+    pub fn release(&mut self, key: &NexthopKey) {
+        if let Some(id) = self.by_key.remove(key) {
+            self.in_use.remove(&id);
+        }
+    }
+
+    /// Kernel nexthops of ours that nobody claimed: stale, swept after InSync.
+    pub fn take_unclaimed(&mut self) -> Vec<KernelNexthop> {
+        let stale: Vec<KernelNexthop> = self.unclaimed.drain().map(|(_, n)| n).collect();
+        for n in &stale {
+            self.in_use.remove(&n.id);
+        }
+        stale
+    }
+}

@@ -1,0 +1,154 @@
+//! Desired objects in kernel terms: device names become interface indexes,
+//! a node's tunnel gateway becomes its nexthop id when nexthops are in use.
+
+use ipnetwork::IpNetwork;
+
+use super::table::{Programmable, RenderContext};
+use crate::desired::NexthopKey;
+use crate::desired::{FdbEntry, IpsetMember, Neighbor, Route, RouteTarget, TunnelNexthop};
+use crate::kernel::objects::{
+    IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
+};
+use crate::model::Family;
+
+impl Programmable for Route {
+    type Kernel = KernelRoute;
+
+    fn render(&self, ctx: &dyn RenderContext) -> Option<KernelRoute> {
+        let family = Family::of_net(&self.dst);
+        let via = match &self.target {
+            RouteTarget::Tunnel { node, gateway } => {
+                if ctx.use_nexthops() {
+                    KernelRouteVia::Nexthop(
+                        ctx.programmed_nexthop(&NexthopKey(family, node.clone()))?,
+                    )
+                } else {
+                    KernelRouteVia::Gateway {
+                        gateway: *gateway,
+                        ifindex: ctx.device_index(family)?,
+                    }
+                }
+            }
+            RouteTarget::Connected => KernelRouteVia::Link(ctx.device_index(family)?),
+            RouteTarget::Direct { gateway, interface } => KernelRouteVia::Gateway {
+                gateway: *gateway,
+                ifindex: interface.index,
+            },
+            RouteTarget::Blackhole => KernelRouteVia::Blackhole,
+        };
+        Some(KernelRoute {
+            dst: self.dst,
+            protocol: self.protocol,
+            via,
+            mtu: self.mtu,
+        })
+    }
+
+    fn replace_op(kernel: &KernelRoute) -> KernelOp {
+        KernelOp::ReplaceRoute(*kernel)
+    }
+
+    fn delete_op(kernel: &KernelRoute) -> KernelOp {
+        KernelOp::DeleteRoute(*kernel)
+    }
+}
+
+impl Programmable for TunnelNexthop {
+    type Kernel = KernelNexthop;
+
+    fn render(&self, ctx: &dyn RenderContext) -> Option<KernelNexthop> {
+        Some(KernelNexthop {
+            id: ctx.nexthop_id(&NexthopKey(self.family, self.node.clone()))?,
+            gateway: self.gateway,
+            ifindex: ctx.device_index(self.family)?,
+            protocol: self.protocol,
+        })
+    }
+
+    fn replace_op(kernel: &KernelNexthop) -> KernelOp {
+        KernelOp::ReplaceNexthop(*kernel)
+    }
+
+    fn delete_op(kernel: &KernelNexthop) -> KernelOp {
+        KernelOp::DeleteNexthop(*kernel)
+    }
+}
+
+impl Programmable for Neighbor {
+    type Kernel = KernelNeighbor;
+
+    fn render(&self, ctx: &dyn RenderContext) -> Option<KernelNeighbor> {
+        Some(KernelNeighbor {
+            ifindex: ctx.device_index(Family::of_addr(&self.address))?,
+            address: self.address,
+            mac: self.mac,
+        })
+    }
+
+    fn replace_op(kernel: &KernelNeighbor) -> KernelOp {
+        KernelOp::ReplaceNeighbor(*kernel)
+    }
+
+    fn delete_op(kernel: &KernelNeighbor) -> KernelOp {
+        KernelOp::DeleteNeighbor(*kernel)
+    }
+}
+
+impl Programmable for FdbEntry {
+    type Kernel = KernelFdb;
+
+    fn render(&self, ctx: &dyn RenderContext) -> Option<KernelFdb> {
+        Some(KernelFdb {
+            ifindex: ctx.device_index(self.family)?,
+            mac: self.mac,
+            destination: self.destination,
+        })
+    }
+
+    fn replace_op(kernel: &KernelFdb) -> KernelOp {
+        KernelOp::ReplaceFdb(*kernel)
+    }
+
+    fn delete_op(kernel: &KernelFdb) -> KernelOp {
+        KernelOp::DeleteFdb(*kernel)
+    }
+}
+
+/// ipset members are added and deleted one by one here; the reconciler
+/// merges each family's into one `ipset restore`.
+impl Programmable for IpsetMember {
+    type Kernel = IpNetwork;
+
+    fn render(&self, _: &dyn RenderContext) -> Option<IpNetwork> {
+        Some(self.0)
+    }
+
+    fn replace_op(member: &IpNetwork) -> KernelOp {
+        ipset_op(
+            *member,
+            IpsetChange::Update {
+                add: vec![*member],
+                del: Vec::new(),
+            },
+        )
+    }
+
+    fn delete_op(member: &IpNetwork) -> KernelOp {
+        ipset_op(
+            *member,
+            IpsetChange::Update {
+                add: Vec::new(),
+                del: vec![*member],
+            },
+        )
+    }
+}
+
+fn ipset_op(member: IpNetwork, change: IpsetChange) -> KernelOp {
+    let family = Family::of_net(&member);
+    KernelOp::Ipset {
+        name: family.ipset_name().to_string(),
+        family,
+        change,
+    }
+}
