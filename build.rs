@@ -16,6 +16,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         out_dir.join("vxmgr_descriptor.bin"),
         descriptors.encode_to_vec(),
     )?;
-    tonic_prost_build::configure().compile_fds(descriptors)?;
+    // Type names let the JSON codecs find each message's descriptor.
+    let mut config = tonic_prost_build::Config::new();
+    config.enable_type_names();
+    tonic_prost_build::configure().compile_fds_with_config(descriptors, config)?;
     Ok(())
 }

@@ -1,1 +1,63 @@
-fn main() {}
+//! calc-stub: stands in for the calc process. Replays recorded message
+//! streams into vxmgrd and generates synthetic clusters.
+
+mod generate;
+mod replay;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "calc-stub", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Stream replay files to vxmgrd and print every BatchStatus as a JSON line.
+    ///
+    /// Messages are numbered 1..N across the files. Exits 0 when every batch
+    /// was OK, 1 when a message was rejected, a kernel operation failed or
+    /// the state differs from --expect, 2 when a file cannot be read or the
+    /// daemon cannot be reached.
+    Replay(replay::ReplayArgs),
+    /// Write a synthetic cluster, as one node sees it, as JSON lines.
+    Generate(generate::GenerateArgs),
+}
+
+/// Failures that stop calc-stub before it has a verdict (exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum StubError {
+    #[error(transparent)]
+    Replay(#[from] vxmgr::wire::replay::ReplayError),
+    #[error("connecting to {}: {source}", socket.display())]
+    Connect {
+        socket: PathBuf,
+        source: tonic::transport::Error,
+    },
+    #[error("{0}")]
+    Rpc(#[from] tonic::Status),
+    #[error("{0}")]
+    Other(String),
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Replay(args) => replay::run(args).await,
+        Command::Generate(args) => generate::run(args),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("calc-stub: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

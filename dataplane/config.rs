@@ -99,10 +99,10 @@ impl Config {
             next.port = parse(k, v, parse_port).or_keep(previous.port, &mut errors);
         }
         if let Some((k, v)) = field("VXLANMTU") {
-            next.mtu_v4 = parse(k, v, |v| parse_mtu(v, 68)).or_keep(previous.mtu_v4, &mut errors);
+            next.mtu_v4 = parse(k, v, parse_mtu_v4).or_keep(previous.mtu_v4, &mut errors);
         }
         if let Some((k, v)) = field("VXLANMTUV6") {
-            next.mtu_v6 = parse(k, v, |v| parse_mtu(v, 1280)).or_keep(previous.mtu_v6, &mut errors);
+            next.mtu_v6 = parse(k, v, parse_mtu_v6).or_keep(previous.mtu_v6, &mut errors);
         }
         if let Some((k, v)) = field("DeviceRouteProtocol") {
             next.route_protocol =
@@ -159,6 +159,15 @@ pub fn parse_port(v: &str) -> Result<u16, String> {
 }
 
 /// 0 means "derive from the parent interface".
+pub fn parse_mtu_v4(v: &str) -> Result<Option<u32>, String> {
+    parse_mtu(v, 68)
+}
+
+/// 0 means "derive from the parent interface"; IPv6 needs at least 1280.
+pub fn parse_mtu_v6(v: &str) -> Result<Option<u32>, String> {
+    parse_mtu(v, 1280)
+}
+
 fn parse_mtu(v: &str, min: u32) -> Result<Option<u32>, String> {
     match v.parse::<u32>() {
         Ok(0) => Ok(None),
@@ -176,7 +185,7 @@ pub fn parse_protocol(v: &str) -> Result<u8, String> {
     }
 }
 
-fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
+pub fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
     v.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
@@ -185,7 +194,7 @@ fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
 }
 
 /// Felix gives intervals in seconds; 0 turns the periodic refresh off.
-fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
+pub fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
     match v.parse::<f64>() {
         Ok(s) if s == 0.0 => Ok(None),
         Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),

@@ -42,7 +42,7 @@ pub enum RouteTarget {
     /// node's nexthop when the kernel has nexthop objects.
     Tunnel { node: Arc<str>, gateway: IpAddr },
     /// `dev <vxlan device> scope link`: a remote node's tunnel address.
-    Connected,
+    Connected { node: Arc<str> },
     /// `via <node IP> dev <parent> onlink`: same subnet or no-encap pool.
     Direct {
         gateway: IpAddr,
@@ -232,7 +232,7 @@ impl fmt::Display for Route {
             RouteTarget::Tunnel { gateway, .. } => {
                 write!(f, "route {} via {gateway} dev {dev} onlink", self.dst)
             }
-            RouteTarget::Connected => write!(f, "route {} dev {dev} scope link", self.dst),
+            RouteTarget::Connected { .. } => write!(f, "route {} dev {dev} scope link", self.dst),
             RouteTarget::Direct { gateway, interface } => {
                 write!(
                     f,

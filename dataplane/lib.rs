@@ -1,10 +1,13 @@
 //! vxmgr: a per-node VXLAN dataplane service driven by a Felix-compatible
 //! calc stream. See DESIGN.md in the project docs for the layers.
 
+pub mod client;
 pub mod config;
+pub mod daemon;
 pub mod desired;
 pub mod kernel;
 pub mod manager;
 pub mod model;
 pub mod reconciler;
+pub mod server;
 pub mod wire;

@@ -1,1 +1,150 @@
-fn main() {}
+//! vxmgrd: the VXLAN dataplane daemon.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Parser;
+use ipnetwork::IpNetwork;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing_subscriber::EnvFilter;
+
+use vxmgr::config::{self, SettingsLayer};
+use vxmgr::daemon::{self, ChecksumOffloadBroken, DaemonOptions, KernelKind};
+use vxmgr::reconciler::NexthopMode;
+
+/// Programs the kernel's VXLAN dataplane (device, ARP/FDB, routes,
+/// blackholes, allowed-sources ipset) from a Felix-compatible calc stream
+/// received over gRPC on a unix socket.
+#[derive(Parser, Debug)]
+#[command(name = "vxmgrd", version)]
+struct Cli {
+    /// Unix socket to serve on (its directory is created; mode 0600).
+    #[arg(
+        long,
+        env = "VXMGR_SOCKET",
+        default_value = "/run/vxmgr/dataplane.sock"
+    )]
+    socket: PathBuf,
+    /// Group allowed to connect: the socket becomes 0660 with this group.
+    #[arg(long, env = "VXMGR_SOCKET_GROUP")]
+    socket_group: Option<String>,
+    /// Only accept connections from these uids (checked with SO_PEERCRED);
+    /// repeatable. Without it, the socket's permissions decide.
+    #[arg(long = "allow-uid", env = "VXMGR_ALLOW_UID", value_delimiter = ',')]
+    allow_uids: Vec<u32>,
+    /// This node's name, as the calc process calls it [default: the system hostname].
+    #[arg(long, env = "VXMGR_HOSTNAME")]
+    hostname: Option<String>,
+    /// Which kernel to program.
+    #[arg(long, env = "VXMGR_KERNEL", value_enum, default_value_t = KernelKind::Netlink)]
+    kernel: KernelKind,
+    /// CompleteDeferredWork tick: messages arriving within it form one batch.
+    #[arg(long, env = "VXMGR_BATCH_INTERVAL", value_parser = humantime::parse_duration, default_value = "100ms")]
+    batch_interval: Duration,
+    /// Interval of heartbeats on the Sync stream.
+    #[arg(long, env = "VXMGR_HEARTBEAT_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
+    heartbeat_interval: Duration,
+    /// Interval of full resyncs with the kernel, in seconds; 0 turns them off
+    /// [default: 90, or the calc process's RouteRefreshInterval].
+    #[arg(long, env = "VXMGR_ROUTE_REFRESH_INTERVAL", value_parser = config::parse_refresh_seconds)]
+    route_refresh_interval: Option<Option<Duration>>,
+    /// Interval of the VXLAN device check (repairs a deleted or changed device).
+    #[arg(long, env = "VXMGR_DEVICE_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
+    device_check_interval: Duration,
+    /// VXLAN network identifier [default: 4096, or the calc's VXLANVNI].
+    #[arg(long, env = "VXMGR_VXLAN_VNI", value_parser = config::parse_vni)]
+    vxlan_vni: Option<u32>,
+    /// VXLAN UDP port [default: 4789, or the calc's VXLANPort].
+    #[arg(long, env = "VXMGR_VXLAN_PORT", value_parser = config::parse_port)]
+    vxlan_port: Option<u16>,
+    /// IPv4 device MTU; 0: parent interface MTU − 50 [default: 0, or the calc's VXLANMTU].
+    #[arg(long, env = "VXMGR_VXLAN_MTU", value_parser = config::parse_mtu_v4)]
+    vxlan_mtu: Option<Option<u32>>,
+    /// IPv6 device MTU; 0: parent interface MTU − 70 [default: 0, or the calc's VXLANMTUV6].
+    #[arg(long, env = "VXMGR_VXLAN_MTU_V6", value_parser = config::parse_mtu_v6)]
+    vxlan_mtu_v6: Option<Option<u32>>,
+    /// Protocol number of vxmgr's routes [default: 80, or the calc's DeviceRouteProtocol].
+    #[arg(long, env = "VXMGR_ROUTE_PROTOCOL", value_parser = config::parse_protocol)]
+    route_protocol: Option<u8>,
+    /// CIDR of hosts outside the cluster allowed to send VXLAN traffic;
+    /// repeatable [default: the calc's ExternalNodesCIDRList].
+    #[arg(
+        long = "external-nodes-cidr",
+        env = "VXMGR_EXTERNAL_NODES_CIDR",
+        value_delimiter = ','
+    )]
+    external_nodes_cidr: Vec<IpNetwork>,
+    /// Record every received message to FILE (.jsonl: JSON lines; otherwise Felix framing).
+    #[arg(long, env = "VXMGR_RECORD", value_name = "FILE")]
+    record: Option<PathBuf>,
+    /// Route through one nexthop object per remote node.
+    #[arg(long, env = "VXMGR_NEXTHOP_OBJECTS", value_enum, default_value_t = NexthopMode::Auto)]
+    nexthop_objects: NexthopMode,
+    /// Turn TX checksum offload off on the VXLAN devices.
+    #[arg(long, env = "VXMGR_CHECKSUM_OFFLOAD_BROKEN", value_enum, default_value_t = ChecksumOffloadBroken::Auto)]
+    checksum_offload_broken: ChecksumOffloadBroken,
+    /// Log filter (tracing EnvFilter syntax), e.g. "info" or "vxmgr=debug".
+    #[arg(long, env = "VXMGR_LOG", default_value = "info")]
+    log: String,
+}
+
+impl Cli {
+    fn into_options(self) -> anyhow::Result<DaemonOptions> {
+        let hostname = match self.hostname {
+            Some(h) => h,
+            None => nix::unistd::gethostname()
+                .context("reading the system hostname")?
+                .into_string()
+                .map_err(|h| anyhow::anyhow!("the system hostname {h:?} is not UTF-8"))?,
+        };
+        let external_nodes = (!self.external_nodes_cidr.is_empty()).then(|| {
+            self.external_nodes_cidr
+                .iter()
+                .map(|n| IpNetwork::new(n.network(), n.prefix()).expect("same prefix"))
+                .collect()
+        });
+        Ok(DaemonOptions {
+            socket: self.socket,
+            socket_group: self.socket_group,
+            allow_uids: self.allow_uids,
+            hostname,
+            kernel: self.kernel,
+            batch_interval: self.batch_interval,
+            heartbeat_interval: self.heartbeat_interval,
+            device_check_interval: self.device_check_interval,
+            nexthops: self.nexthop_objects,
+            checksum_offload_broken: self.checksum_offload_broken,
+            flags: SettingsLayer {
+                vni: self.vxlan_vni,
+                port: self.vxlan_port,
+                mtu_v4: self.vxlan_mtu,
+                mtu_v6: self.vxlan_mtu_v6,
+                route_protocol: self.route_protocol,
+                external_nodes,
+                route_refresh_interval: self.route_refresh_interval,
+            },
+            record: self.record,
+        })
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_new(&cli.log).context("parsing --log")?)
+        .with_writer(std::io::stderr)
+        .init();
+    let options = cli.into_options()?;
+    let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    };
+    daemon::run(options, shutdown).await?;
+    Ok(())
+}

@@ -412,7 +412,9 @@ impl FamilyManager {
             return Some(route(target, None));
         }
         let target = match remote.kind {
-            RemoteRouteKind::TunnelAddress => RouteTarget::Connected,
+            RemoteRouteKind::TunnelAddress => RouteTarget::Connected {
+                node: remote.node.clone(),
+            },
             RemoteRouteKind::Block => RouteTarget::Tunnel {
                 node: remote.node.clone(),
                 gateway: self.remote_vteps.get(&remote.node)?.tunnel_ip,

@@ -139,7 +139,9 @@ fn design_example_two_nodes() {
     );
     assert_eq!(
         desired_target(&delta, "10.244.1.0/32"),
-        Some(RouteTarget::Connected)
+        Some(RouteTarget::Connected {
+            node: Arc::from("node-b")
+        })
     );
     let snap = m.family(Family::V4).snapshot();
     let shown: Vec<String> = snap
@@ -441,7 +443,11 @@ fn remote_tunnel_addresses_are_connected_even_before_the_vtep() {
     let delta = m.complete_deferred_work();
     for dst in ["10.244.1.1/32", "10.244.1.0/32"] {
         let r = route_change(&delta, dst).desired.clone().unwrap();
-        assert_eq!((r.target, r.mtu), (RouteTarget::Connected, Some(1450)));
+        let node = Arc::from("node-b");
+        assert_eq!(
+            (r.target, r.mtu),
+            (RouteTarget::Connected { node }, Some(1450))
+        );
     }
 }
 

@@ -49,8 +49,6 @@ pub struct ApplyRequest {
     /// The stream's InSync has been seen: objects nobody declared may go.
     pub in_sync: bool,
     pub route_protocol: u8,
-    /// Each family's local VTEP parent address, to find the parent interface by.
-    pub parent_ips: [Option<IpAddr>; 2],
 }
 
 /// A kernel operation that failed.
@@ -264,15 +262,23 @@ impl<B: KernelBackend> Reconciler<B> {
             self.mark_all_pending();
         }
         let mut report = Report::default();
-        for family in Family::ALL {
-            let wanted = request.parent_ips[family as usize];
-            if self.devices[family as usize].wanted_parent_ip != wanted {
-                self.devices[family as usize].wanted_parent_ip = wanted;
-                self.find_parent(family, &mut report).await;
-            }
-        }
         self.pass(&mut report).await;
         report
+    }
+
+    /// Finds the interfaces holding each family's local VTEP parent address
+    /// (and remembers the addresses, to re-check them periodically).
+    pub async fn find_parents(
+        &mut self,
+        parent_ips: [Option<IpAddr>; 2],
+    ) -> (Report, [Option<ParentInterface>; 2]) {
+        let mut report = Report::default();
+        for family in Family::ALL {
+            self.devices[family as usize].wanted_parent_ip = parent_ips[family as usize];
+            self.find_parent(family, &mut report).await;
+        }
+        let parents = [0, 1].map(|i| self.devices[i].parent.clone());
+        (report, parents)
     }
 
     fn mark_all_pending(&mut self) {

@@ -29,7 +29,7 @@ impl Programmable for Route {
                     }
                 }
             }
-            RouteTarget::Connected => KernelRouteVia::Link(ctx.device_index(family)?),
+            RouteTarget::Connected { .. } => KernelRouteVia::Link(ctx.device_index(family)?),
             RouteTarget::Direct { gateway, interface } => KernelRouteVia::Gateway {
                 gateway: *gateway,
                 ifindex: interface.index,

@@ -1,5 +1,8 @@
 //! Generated protocol types and their encodings. No logic.
 
+pub mod json;
+pub mod replay;
+
 pub mod felix {
     tonic::include_proto!("felix");
 }

@@ -1,0 +1,160 @@
+//! `calc-stub replay`: streams messages into vxmgrd and reports its verdicts.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use crate::StubError;
+use vxmgr::wire::felix::ToDataplane;
+use vxmgr::wire::vxmgr::v1::{BatchResult, BatchStatus, GetStateRequest, sync_response};
+use vxmgr::wire::{json, replay};
+
+#[derive(clap::Args)]
+pub struct ReplayArgs {
+    /// vxmgrd's unix socket.
+    #[arg(
+        long,
+        env = "VXMGR_SOCKET",
+        default_value = "/run/vxmgr/dataplane.sock"
+    )]
+    socket: PathBuf,
+    /// Send one message per batch, waiting for each one's status.
+    #[arg(long)]
+    step: bool,
+    /// Compare the final GetState with this golden file; print a diff.
+    #[arg(long, value_name = "STATE.json")]
+    expect: Option<PathBuf>,
+    /// Write the final GetState (as compared by --expect) to this file.
+    #[arg(long, value_name = "STATE.json")]
+    save_state: Option<PathBuf>,
+    /// Give up when the daemon has not reported the last message by then.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "120s")]
+    timeout: Duration,
+    /// Replay files: .jsonl, or Felix framing for any other extension.
+    #[arg(required = true, value_name = "FILE")]
+    files: Vec<PathBuf>,
+}
+
+pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
+    let mut messages: Vec<ToDataplane> = Vec::new();
+    for file in &args.files {
+        messages.extend(replay::read_file(file)?);
+    }
+    for (i, msg) in messages.iter_mut().enumerate() {
+        msg.sequence_number = i as u64 + 1;
+    }
+    let total = messages.len() as u64;
+    let mut client = vxmgr::client::dataplane(&args.socket)
+        .await
+        .map_err(|source| StubError::Connect {
+            socket: args.socket.clone(),
+            source,
+        })?;
+    let (tx, rx) = mpsc::channel(1024);
+    let mut responses = client.sync(ReceiverStream::new(rx)).await?.into_inner();
+
+    let step = args.step;
+    let (acked_tx, mut acked_rx) = mpsc::unbounded_channel::<u64>();
+    let sender = tokio::spawn(async move {
+        for msg in messages {
+            let sequence = msg.sequence_number;
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+            if step {
+                while let Some(last) = acked_rx.recv().await {
+                    if last >= sequence {
+                        break;
+                    }
+                }
+            }
+        }
+        // Keep the stream open until the last status is in: closing it
+        // early would end the daemon's stream before it reports.
+        while acked_rx.recv().await.is_some() {}
+        drop(tx);
+    });
+
+    let mut all_ok = true;
+    let wait = async {
+        if total == 0 {
+            return Ok(());
+        }
+        while let Some(response) = responses.next().await {
+            let payload = response?.payload;
+            match payload {
+                Some(sync_response::Payload::BatchStatus(status)) => {
+                    println!("{}", json::to_line(&status));
+                    all_ok &= is_ok(&status);
+                    let _ = acked_tx.send(status.last_sequence);
+                    if status.last_sequence >= total {
+                        return Ok(());
+                    }
+                }
+                Some(sync_response::Payload::DataplaneInSync(_)) => {
+                    eprintln!("calc-stub: dataplane in sync");
+                }
+                Some(sync_response::Payload::Heartbeat(_)) | None => {}
+            }
+        }
+        Err(StubError::Other(
+            "the daemon ended the stream before reporting every message".into(),
+        ))
+    };
+    tokio::time::timeout(args.timeout, wait)
+        .await
+        .map_err(|_| {
+            StubError::Other(format!(
+                "timed out after {} waiting for the batch covering message {total}",
+                humantime::format_duration(args.timeout)
+            ))
+        })??;
+    drop(acked_tx);
+    let _ = sender.await;
+
+    if args.expect.is_none() && args.save_state.is_none() {
+        return Ok(all_ok);
+    }
+    let state = client.get_state(GetStateRequest {}).await?.into_inner();
+    let actual = comparable_state(json::to_value(&state));
+    let actual_text = serde_json::to_string_pretty(&actual).expect("JSON values print") + "\n";
+    if let Some(path) = &args.save_state {
+        std::fs::write(path, &actual_text)
+            .map_err(|e| StubError::Other(format!("writing {}: {e}", path.display())))?;
+    }
+    if let Some(path) = &args.expect {
+        let golden = std::fs::read_to_string(path)
+            .map_err(|e| StubError::Other(format!("reading {}: {e}", path.display())))?;
+        let golden: serde_json::Value = serde_json::from_str(&golden)
+            .map_err(|e| StubError::Other(format!("parsing {}: {e}", path.display())))?;
+        let golden_text = serde_json::to_string_pretty(&comparable_state(golden))
+            .expect("JSON values print")
+            + "\n";
+        if golden_text != actual_text {
+            eprintln!("calc-stub: state differs from {}:", path.display());
+            let diff = similar::TextDiff::from_lines(&golden_text, &actual_text);
+            eprint!(
+                "{}",
+                diff.unified_diff()
+                    .header(&path.display().to_string(), "GetState")
+            );
+            all_ok = false;
+        }
+    }
+    Ok(all_ok)
+}
+
+fn is_ok(status: &BatchStatus) -> bool {
+    status.result == BatchResult::Ok as i32
+}
+
+/// The state without what changes from run to run (the last batch).
+fn comparable_state(mut state: serde_json::Value) -> serde_json::Value {
+    if let Some(map) = state.as_object_mut() {
+        map.remove("lastBatch");
+    }
+    state
+}

@@ -1,0 +1,418 @@
+//! The manager task: takes the active stream's messages into the manager,
+//! closes a batch every batch interval (CompleteDeferredWork), hands the
+//! delta to the kernel task, and reports each batch, heartbeats and
+//! DataplaneInSync back to the stream. It also answers GetState, so reads
+//! never wait for the kernel.
+
+use std::fs::File;
+use std::io::BufWriter;
+use std::time::{Duration, Instant, SystemTime};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{MissedTickBehavior, interval, sleep_until};
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+use tracing::{debug, info, warn};
+
+use super::batch::{Batch, Responder};
+use super::kernel_task::{KernelCommand, KernelEvent};
+use crate::manager::{Manager, Outcome};
+use crate::model::{Family, Update};
+use crate::reconciler::{ApplyRequest, ObjectError, Report};
+use crate::server::state::dataplane_state;
+use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate, ToDataplane};
+use crate::wire::replay::ReplayWriter;
+use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, SyncResponse, sync_response};
+
+/// The gRPC service name whose health follows the dataplane.
+pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
+
+/// Consecutive failing passes after which the dataplane reports NOT_SERVING.
+const FAILING_PASSES_UNHEALTHY: u32 = 3;
+
+pub enum EngineInput {
+    StreamStarted {
+        id: u64,
+        peer: String,
+        responder: Responder,
+    },
+    Message {
+        id: u64,
+        msg: ToDataplane,
+    },
+    StreamEnded {
+        id: u64,
+    },
+    GetState {
+        reply: oneshot::Sender<DataplaneState>,
+    },
+    /// The daemon is stopping.
+    Shutdown,
+}
+
+pub struct EngineOptions {
+    pub batch_interval: Duration,
+    pub heartbeat_interval: Duration,
+    /// Where every received message is recorded.
+    pub record: Option<Recorder>,
+}
+
+pub type Recorder = ReplayWriter<BufWriter<File>>;
+
+/// The active stream.
+struct Stream {
+    id: u64,
+    responder: Option<Responder>,
+    next_sequence: u64,
+    /// A batch applied after the stream's InSync.
+    in_sync_applied: bool,
+    dataplane_in_sync_sent: bool,
+}
+
+struct Engine {
+    manager: Manager,
+    kernel: mpsc::Sender<KernelCommand>,
+    health: HealthReporter,
+    stream: Option<Stream>,
+    open: Option<(Batch, Instant)>,
+    /// The manager has changes not caused by a message (parent interface).
+    internal_dirty: bool,
+    /// The parent addresses last looked up in the kernel.
+    resolved_parent_ips: [Option<std::net::IpAddr>; 2],
+    apply_in_flight: bool,
+    last_batch: Option<BatchStatus>,
+    failing: Vec<ObjectError>,
+    failing_passes: u32,
+    recorder: Option<Recorder>,
+    started: Instant,
+    options: EngineOptions,
+}
+
+pub async fn run(
+    manager: Manager,
+    mut options: EngineOptions,
+    mut inputs: mpsc::Receiver<EngineInput>,
+    kernel: mpsc::Sender<KernelCommand>,
+    mut events: mpsc::Receiver<KernelEvent>,
+    health: HealthReporter,
+) {
+    health
+        .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+        .await;
+    let mut heartbeat = interval(options.heartbeat_interval);
+    heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut engine = Engine {
+        manager,
+        kernel,
+        health,
+        stream: None,
+        open: None,
+        internal_dirty: false,
+        resolved_parent_ips: [None, None],
+        apply_in_flight: false,
+        last_batch: None,
+        failing: Vec::new(),
+        failing_passes: 0,
+        recorder: options.record.take(),
+        started: Instant::now(),
+        options,
+    };
+    loop {
+        let deadline = engine.open.as_ref().map(|(_, d)| *d);
+        let ready = !engine.apply_in_flight && (engine.internal_dirty || deadline.is_some());
+        tokio::select! {
+            biased;
+            event = events.recv() => match event {
+                Some(event) => engine.on_kernel_event(event).await,
+                None => return,
+            },
+            _ = sleep_until(deadline.unwrap_or_else(Instant::now).into()), if ready && deadline.is_some() => {
+                engine.flush().await;
+            }
+            _ = std::future::ready(()), if ready && deadline.is_none() => engine.flush().await,
+            input = inputs.recv() => {
+                let input = input.unwrap_or(EngineInput::Shutdown);
+                if !engine.on_input(input, &mut events).await {
+                    return;
+                }
+            }
+            _ = heartbeat.tick() => engine.heartbeat(),
+        }
+    }
+}
+
+impl Engine {
+    /// Returns false once the engine should stop.
+    async fn on_input(
+        &mut self,
+        input: EngineInput,
+        events: &mut mpsc::Receiver<KernelEvent>,
+    ) -> bool {
+        match input {
+            EngineInput::StreamStarted {
+                id,
+                peer,
+                responder,
+            } => {
+                info!(stream = id, %peer, "calc stream started: resyncing");
+                // The previous stream's last messages still apply first.
+                if self.open.is_some() {
+                    self.wait_for_kernel(events).await;
+                    self.flush().await;
+                }
+                self.wait_for_kernel(events).await;
+                self.manager = self.manager.fresh();
+                self.internal_dirty = false;
+                let _ = self.kernel.send(KernelCommand::BeginStream).await;
+                self.stream = Some(Stream {
+                    id,
+                    responder: Some(responder),
+                    next_sequence: 1,
+                    in_sync_applied: false,
+                    dataplane_in_sync_sent: false,
+                });
+            }
+            EngineInput::Message { id, msg } => self.on_message(id, msg),
+            EngineInput::StreamEnded { id } => {
+                if self.stream.as_ref().is_some_and(|s| s.id == id) {
+                    info!(
+                        stream = id,
+                        "calc stream ended; kernel state stays as it is"
+                    );
+                    self.stream = None;
+                    self.close_batch_now();
+                }
+            }
+            EngineInput::GetState { reply } => {
+                let _ = reply.send(self.state());
+            }
+            EngineInput::Shutdown => {
+                // Apply what was received, then stop.
+                self.close_batch_now();
+                self.wait_for_kernel(events).await;
+                if self.open.is_some() {
+                    self.flush().await;
+                    self.wait_for_kernel(events).await;
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    fn on_message(&mut self, id: u64, msg: ToDataplane) {
+        let Some(stream) = self.stream.as_mut().filter(|s| s.id == id) else {
+            return;
+        };
+        if let Some(recorder) = &mut self.recorder
+            && let Err(e) = recorder.write(&msg)
+        {
+            warn!(error = %e, "recording stopped");
+            self.recorder = None;
+        }
+        let sequence = if msg.sequence_number == 0 {
+            stream.next_sequence
+        } else {
+            msg.sequence_number
+        };
+        stream.next_sequence = sequence + 1;
+        let (batch, _) = self.open.get_or_insert_with(|| {
+            (
+                Batch::new(id, stream.responder.clone()),
+                Instant::now() + self.options.batch_interval,
+            )
+        });
+        batch.add(sequence);
+        match Update::from_message(msg).and_then(|u| match u {
+            Some(u) => self.manager.on_update(u),
+            None => Ok(Outcome::Ignored),
+        }) {
+            Ok(Outcome::Applied) => {}
+            Ok(Outcome::Ignored) => batch.ignored += 1,
+            Err(rejection) => {
+                debug!(sequence, reason = %rejection, "message rejected");
+                batch.reject(sequence, rejection.0);
+            }
+        }
+    }
+
+    /// Ends the batch window now (stream end, new stream).
+    fn close_batch_now(&mut self) {
+        if let Some((_, deadline)) = &mut self.open {
+            *deadline = Instant::now();
+        }
+    }
+
+    /// Waits for the apply in flight, handling its report.
+    async fn wait_for_kernel(&mut self, events: &mut mpsc::Receiver<KernelEvent>) {
+        while self.apply_in_flight {
+            let Some(event) = events.recv().await else {
+                return;
+            };
+            self.on_kernel_event(event).await;
+        }
+    }
+
+    /// CompleteDeferredWork: hands the batch's delta to the kernel task.
+    async fn flush(&mut self) {
+        self.resolve_parents().await;
+        let batch = self.open.take().map(|(b, _)| b);
+        self.internal_dirty = false;
+        let settings = self.manager.settings();
+        let request = ApplyRequest {
+            delta: self.manager.complete_deferred_work(),
+            in_sync: self.manager.in_sync(),
+            route_protocol: settings.route_protocol,
+        };
+        if let Some(recorder) = &mut self.recorder
+            && let Err(e) = recorder.flush()
+        {
+            warn!(error = %e, "recording stopped");
+            self.recorder = None;
+        }
+        self.apply_in_flight = true;
+        let command = KernelCommand::Apply {
+            request,
+            batch,
+            refresh_interval: settings.route_refresh_interval,
+        };
+        if self.kernel.send(command).await.is_err() {
+            warn!("kernel task has stopped");
+        }
+    }
+
+    /// When the local VTEP's parent address changed, asks the kernel which
+    /// interface holds it before the delta is computed, so the batch that
+    /// brings the VTEP also brings the device.
+    async fn resolve_parents(&mut self) {
+        let parent_ips = Family::ALL.map(|f| self.manager.family(f).parent_ip());
+        if parent_ips == self.resolved_parent_ips {
+            return;
+        }
+        let (reply, answer) = oneshot::channel();
+        let command = KernelCommand::FindParents { parent_ips, reply };
+        if self.kernel.send(command).await.is_err() {
+            return;
+        }
+        if let Ok(parents) = answer.await {
+            for (family, parent) in Family::ALL.into_iter().zip(parents) {
+                self.manager.set_parent(family, parent);
+            }
+            self.resolved_parent_ips = parent_ips;
+        }
+    }
+
+    async fn on_kernel_event(&mut self, event: KernelEvent) {
+        let (report, failing) = match event {
+            KernelEvent::Applied {
+                batch,
+                in_sync,
+                report,
+                apply_time,
+                failing,
+            } => {
+                self.apply_in_flight = false;
+                if let Some(stream) = &mut self.stream {
+                    stream.in_sync_applied |= in_sync;
+                }
+                if let Some(batch) = batch {
+                    let status = batch.status(&report, apply_time, self.manager.in_sync());
+                    info!(
+                        first = status.first_sequence,
+                        last = status.last_sequence,
+                        messages = status.message_count,
+                        rejected = status.rejected.len(),
+                        added = report.added,
+                        changed = report.changed,
+                        removed = report.removed,
+                        errors = report.errors.len(),
+                        apply_ms = apply_time.as_secs_f64() * 1e3,
+                        "batch applied"
+                    );
+                    if let Some(responder) = &batch.responder {
+                        send(
+                            responder,
+                            sync_response::Payload::BatchStatus(status.clone()),
+                        );
+                    }
+                    self.last_batch = Some(status);
+                }
+                (report, failing)
+            }
+            KernelEvent::Background { report, failing } => (report, failing),
+        };
+        for (family, parent) in report.parent_changes.clone() {
+            self.manager.set_parent(family, parent);
+            self.internal_dirty = true;
+        }
+        self.failing = failing;
+        self.update_health(&report).await;
+    }
+
+    async fn update_health(&mut self, report: &Report) {
+        if report.errors.is_empty() {
+            self.failing_passes = 0;
+        } else if report.operations > 0 {
+            self.failing_passes += 1;
+        }
+        if let Some(stream) = &mut self.stream
+            && stream.in_sync_applied
+            && !self.internal_dirty
+            && !self.apply_in_flight
+            && self.failing.is_empty()
+            && !stream.dataplane_in_sync_sent
+        {
+            stream.dataplane_in_sync_sent = true;
+            info!(stream = stream.id, "dataplane in sync");
+            if let Some(responder) = &stream.responder {
+                send(
+                    responder,
+                    sync_response::Payload::DataplaneInSync(DataplaneInSync {}),
+                );
+            }
+            self.health
+                .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+                .await;
+        }
+        if self.failing_passes >= FAILING_PASSES_UNHEALTHY {
+            self.health
+                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
+                .await;
+        } else if self.failing_passes == 0
+            && self
+                .stream
+                .as_ref()
+                .is_some_and(|s| s.dataplane_in_sync_sent)
+        {
+            self.health
+                .set_service_status(SERVICE_NAME, ServingStatus::Serving)
+                .await;
+        }
+    }
+
+    fn heartbeat(&mut self) {
+        let Some(responder) = self.stream.as_ref().and_then(|s| s.responder.as_ref()) else {
+            return;
+        };
+        let update = ProcessStatusUpdate {
+            iso_timestamp: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            uptime: self.started.elapsed().as_secs_f64(),
+        };
+        send(responder, sync_response::Payload::Heartbeat(update));
+    }
+
+    fn state(&self) -> DataplaneState {
+        dataplane_state(&self.manager, self.last_batch.clone(), &self.failing)
+    }
+}
+
+/// Sends without waiting: a client that stops reading must not stall the
+/// daemon. Its stream is closed when its buffer is full.
+fn send(responder: &Responder, payload: sync_response::Payload) {
+    let response = SyncResponse {
+        payload: Some(payload),
+    };
+    if let Err(mpsc::error::TrySendError::Full(_)) = responder.try_send(Ok(response)) {
+        warn!("calc client is not reading its responses; dropping this one");
+    }
+}

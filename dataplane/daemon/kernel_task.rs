@@ -1,0 +1,141 @@
+//! The task that owns the kernel backend: applies batches, retries failures,
+//! re-checks the devices and runs the periodic resync.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::{MissedTickBehavior, interval_at, sleep_until};
+use tracing::{info, warn};
+
+use super::batch::Batch;
+use crate::desired::ParentInterface;
+use crate::kernel::KernelBackend;
+use crate::reconciler::{ApplyRequest, ObjectError, Reconciler, Report};
+
+pub enum KernelCommand {
+    /// A batch (or, with `batch: None`, an internal change such as a parent
+    /// interface found) to program.
+    Apply {
+        request: ApplyRequest,
+        batch: Option<Batch>,
+        refresh_interval: Option<Duration>,
+    },
+    /// A new calc stream: it declares everything again.
+    BeginStream,
+    /// Which interfaces hold these parent addresses (per family)?
+    FindParents {
+        parent_ips: [Option<IpAddr>; 2],
+        reply: oneshot::Sender<[Option<ParentInterface>; 2]>,
+    },
+}
+
+pub enum KernelEvent {
+    Applied {
+        batch: Option<Batch>,
+        /// The batch was applied after the stream's InSync.
+        in_sync: bool,
+        report: Report,
+        apply_time: Duration,
+        failing: Vec<ObjectError>,
+    },
+    /// A retry, device check or resync.
+    Background {
+        report: Report,
+        failing: Vec<ObjectError>,
+    },
+}
+
+pub struct KernelTaskOptions {
+    pub device_check_interval: Duration,
+    pub refresh_interval: Option<Duration>,
+}
+
+/// Runs until the command channel closes.
+pub async fn run<B: KernelBackend>(
+    mut reconciler: Reconciler<B>,
+    options: KernelTaskOptions,
+    mut commands: mpsc::Receiver<KernelCommand>,
+    events: mpsc::Sender<KernelEvent>,
+) {
+    let background = |reconciler: &Reconciler<B>, report: Report| KernelEvent::Background {
+        failing: reconciler.failing(),
+        report,
+    };
+    match reconciler.resync().await {
+        Ok(report) => {
+            info!(
+                added = report.added,
+                changed = report.changed,
+                "start-up resync: adopted the kernel's state"
+            );
+            let _ = events.send(background(&reconciler, report)).await;
+        }
+        Err(e) => warn!(error = %e, "start-up resync failed; will retry at the next refresh"),
+    }
+    let mut device_check = interval_at(
+        tokio::time::Instant::now() + options.device_check_interval,
+        options.device_check_interval,
+    );
+    device_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut refresh_interval = options.refresh_interval;
+    let mut next_refresh = refresh_interval.map(|d| Instant::now() + d);
+    loop {
+        let retry_at = reconciler.next_retry();
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return,
+                Some(KernelCommand::BeginStream) => reconciler.begin_stream(),
+                Some(KernelCommand::FindParents { parent_ips, reply }) => {
+                    let (_, parents) = reconciler.find_parents(parent_ips).await;
+                    let _ = reply.send(parents);
+                }
+                Some(KernelCommand::Apply { request, batch, refresh_interval: wanted }) => {
+                    if wanted != refresh_interval {
+                        refresh_interval = wanted;
+                        next_refresh = refresh_interval.map(|d| Instant::now() + d);
+                    }
+                    let started = Instant::now();
+                    let in_sync = request.in_sync;
+                    let report = reconciler.apply(request).await;
+                    let event = KernelEvent::Applied {
+                        batch,
+                        in_sync,
+                        report,
+                        apply_time: started.elapsed(),
+                        failing: reconciler.failing(),
+                    };
+                    if events.send(event).await.is_err() {
+                        return;
+                    }
+                }
+            },
+            _ = sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {
+                let report = reconciler.retry(Instant::now()).await;
+                if events.send(background(&reconciler, report)).await.is_err() {
+                    return;
+                }
+            }
+            _ = device_check.tick() => {
+                let report = reconciler.check_devices().await;
+                if events.send(background(&reconciler, report)).await.is_err() {
+                    return;
+                }
+            }
+            _ = sleep_until(next_refresh.unwrap_or_else(Instant::now).into()), if next_refresh.is_some() => {
+                next_refresh = refresh_interval.map(|d| Instant::now() + d);
+                match reconciler.resync().await {
+                    Ok(report) => {
+                        if report.operations > 0 {
+                            info!(added = report.added, changed = report.changed, removed = report.removed, "periodic resync repaired drift");
+                        }
+                        if events.send(background(&reconciler, report)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "periodic resync failed"),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! vxmgrd: wires the socket, the server, the manager task and the kernel
+//! task together, and stops them cleanly.
+
+pub mod batch;
+pub mod engine;
+pub mod kernel_task;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::config::{Config, SettingsLayer};
+use crate::kernel::KernelBackend;
+use crate::kernel::memory::MemoryBackend;
+use crate::manager::Manager;
+use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
+use crate::server::{self, DataplaneService, socket::SocketError};
+use crate::wire::replay::ReplayWriter;
+use engine::{EngineInput, EngineOptions};
+use kernel_task::KernelTaskOptions;
+
+/// How long open streams get to finish when the daemon stops.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KernelKind {
+    /// The Linux kernel, over netlink.
+    Netlink,
+    /// An in-memory kernel: nothing on the host changes.
+    Memory,
+}
+
+/// Whether to switch off TX checksum offload on the VXLAN devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ChecksumOffloadBroken {
+    /// On kernels up to 5.7, whose VXLAN checksum offload is broken.
+    Auto,
+    True,
+    False,
+}
+
+#[derive(Clone, Debug)]
+pub struct DaemonOptions {
+    pub socket: PathBuf,
+    pub socket_group: Option<String>,
+    pub allow_uids: Vec<u32>,
+    pub hostname: String,
+    pub kernel: KernelKind,
+    pub batch_interval: Duration,
+    pub heartbeat_interval: Duration,
+    pub device_check_interval: Duration,
+    pub nexthops: NexthopMode,
+    pub checksum_offload_broken: ChecksumOffloadBroken,
+    /// Settings given on the command line: they beat ConfigUpdate.
+    pub flags: SettingsLayer,
+    pub record: Option<PathBuf>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Socket(#[from] SocketError),
+    #[error("serving gRPC: {0}")]
+    Serve(#[from] tonic::transport::Error),
+    #[error("opening the record file {}: {source}", path.display())]
+    Record {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the {0} kernel backend is not available: {1}")]
+    Backend(&'static str, String),
+}
+
+/// Runs the daemon until `shutdown` completes.
+pub async fn run(
+    options: DaemonOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    match options.kernel {
+        KernelKind::Memory => {
+            run_with_backend(
+                MemoryBackend::with_underlay("eth0", 1500),
+                options,
+                shutdown,
+            )
+            .await
+        }
+        KernelKind::Netlink => Err(DaemonError::Backend(
+            "netlink",
+            "not implemented yet".to_string(),
+        )),
+    }
+}
+
+/// Runs the daemon on a given kernel backend.
+pub async fn run_with_backend<B: KernelBackend>(
+    backend: B,
+    options: DaemonOptions,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), DaemonError> {
+    let record = match &options.record {
+        Some(path) => Some(
+            ReplayWriter::create(path).map_err(|source| DaemonError::Record {
+                path: path.clone(),
+                source,
+            })?,
+        ),
+        None => None,
+    };
+    let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
+    info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, "vxmgrd starting");
+    let config = Config::new(options.flags.clone());
+    let settings = config.settings();
+    let manager = Manager::new(&options.hostname, config);
+    let reconciler = Reconciler::new(
+        backend,
+        ReconcilerOptions {
+            nexthops: options.nexthops,
+            disable_tx_checksum: checksum_offload_off(options.checksum_offload_broken),
+            route_protocol: settings.route_protocol,
+        },
+    )
+    .await;
+
+    let (engine_tx, engine_rx) = mpsc::channel(4096);
+    let (kernel_tx, kernel_rx) = mpsc::channel(4);
+    let (events_tx, events_rx) = mpsc::channel(16);
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+
+    let kernel = tokio::spawn(kernel_task::run(
+        reconciler,
+        KernelTaskOptions {
+            device_check_interval: options.device_check_interval,
+            refresh_interval: settings.route_refresh_interval,
+        },
+        kernel_rx,
+        events_tx,
+    ));
+    let engine = tokio::spawn(engine::run(
+        manager,
+        EngineOptions {
+            batch_interval: options.batch_interval,
+            heartbeat_interval: options.heartbeat_interval,
+            record,
+        },
+        engine_rx,
+        kernel_tx,
+        events_rx,
+        health_reporter,
+    ));
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = server::serve(
+        listener,
+        options.allow_uids.clone(),
+        DataplaneService::new(engine_tx.clone()),
+        health_service,
+        async {
+            let _ = stop_rx.await;
+        },
+    );
+    let mut served = Ok(());
+    tokio::select! {
+        result = server => served = result,
+        () = shutdown => {
+            info!("stopping: the kernel is left as it is");
+            let _ = stop_tx.send(());
+        }
+    }
+    // Give open streams a moment to see the end, then let go of them.
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, engine_tx.send(EngineInput::Shutdown)).await;
+    drop(engine_tx);
+    if let Err(e) = engine.await {
+        warn!(error = %e, "manager task failed");
+    }
+    if let Err(e) = kernel.await {
+        warn!(error = %e, "kernel task failed");
+    }
+    if let Err(e) = std::fs::remove_file(&options.socket) {
+        warn!(error = %e, socket = %options.socket.display(), "could not remove the socket");
+    }
+    served?;
+    Ok(())
+}
+
+fn checksum_offload_off(mode: ChecksumOffloadBroken) -> bool {
+    match mode {
+        ChecksumOffloadBroken::True => true,
+        ChecksumOffloadBroken::False => false,
+        ChecksumOffloadBroken::Auto => kernel_release()
+            .map(|(major, minor)| (major, minor) <= (5, 7))
+            .unwrap_or(false),
+    }
+}
+
+/// The running kernel's major and minor version.
+fn kernel_release() -> Option<(u32, u32)> {
+    let uname = nix::sys::utsname::uname().ok()?;
+    let release = uname.release().to_str()?;
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}

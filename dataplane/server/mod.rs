@@ -1,0 +1,173 @@
+//! The gRPC server on the unix socket: the Dataplane service (Sync,
+//! GetState), health and reflection (v1 and v1alpha).
+
+pub mod socket;
+pub mod state;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::net::UnixListener;
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::server::UdsConnectInfo;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use crate::daemon::engine::EngineInput;
+use crate::wire::DESCRIPTOR_SET;
+use crate::wire::felix::ToDataplane;
+use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
+use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest, SyncResponse};
+
+/// Responses buffered for a stream before a client that does not read is
+/// considered stuck.
+const RESPONSE_BUFFER: usize = 4096;
+
+/// Largest message accepted from a client.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+pub struct DataplaneService {
+    engine: mpsc::Sender<EngineInput>,
+    /// Who holds the one Sync stream, if anyone.
+    active: Arc<Mutex<Option<String>>>,
+    next_stream: AtomicU64,
+}
+
+impl DataplaneService {
+    pub fn new(engine: mpsc::Sender<EngineInput>) -> DataplaneService {
+        DataplaneService {
+            engine,
+            active: Arc::new(Mutex::new(None)),
+            next_stream: AtomicU64::new(1),
+        }
+    }
+}
+
+fn describe_peer<T>(request: &Request<T>) -> String {
+    match request
+        .extensions()
+        .get::<UdsConnectInfo>()
+        .and_then(|i| i.peer_cred)
+    {
+        Some(cred) => match cred.pid() {
+            Some(pid) => format!("pid {pid} uid {}", cred.uid()),
+            None => format!("uid {}", cred.uid()),
+        },
+        None => "an unknown peer".to_string(),
+    }
+}
+
+/// Frees the Sync slot when the stream's reader ends, however it ends.
+struct ActiveGuard(Arc<Mutex<Option<String>>>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+#[tonic::async_trait]
+impl Dataplane for DataplaneService {
+    type SyncStream = ReceiverStream<Result<SyncResponse, Status>>;
+
+    async fn sync(
+        &self,
+        request: Request<Streaming<ToDataplane>>,
+    ) -> Result<Response<Self::SyncStream>, Status> {
+        let peer = describe_peer(&request);
+        {
+            let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(holder) = active.as_ref() {
+                return Err(Status::failed_precondition(format!(
+                    "another Sync stream is active (from {holder}); only one calc process may stream at a time"
+                )));
+            }
+            *active = Some(peer.clone());
+        }
+        let guard = ActiveGuard(self.active.clone());
+        let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (responder, responses) = mpsc::channel(RESPONSE_BUFFER);
+        let engine = self.engine.clone();
+        if engine
+            .send(EngineInput::StreamStarted {
+                id,
+                peer: peer.clone(),
+                responder: responder.clone(),
+            })
+            .await
+            .is_err()
+        {
+            return Err(Status::unavailable("vxmgrd is shutting down"));
+        }
+        let mut inbound = request.into_inner();
+        tokio::spawn(async move {
+            let _guard = guard;
+            while let Some(item) = inbound.next().await {
+                match item {
+                    Ok(msg) => {
+                        if engine.send(EngineInput::Message { id, msg }).await.is_err() {
+                            break;
+                        }
+                    }
+                    Err(status) => {
+                        warn!(stream = id, %peer, %status, "calc stream failed");
+                        let _ = responder.try_send(Err(status));
+                        break;
+                    }
+                }
+            }
+            let _ = engine.send(EngineInput::StreamEnded { id }).await;
+        });
+        Ok(Response::new(ReceiverStream::new(responses)))
+    }
+
+    async fn get_state(
+        &self,
+        _request: Request<GetStateRequest>,
+    ) -> Result<Response<DataplaneState>, Status> {
+        let (reply, answer) = oneshot::channel();
+        self.engine
+            .send(EngineInput::GetState { reply })
+            .await
+            .map_err(|_| Status::unavailable("vxmgrd is shutting down"))?;
+        let state = answer
+            .await
+            .map_err(|_| Status::unavailable("vxmgrd is shutting down"))?;
+        Ok(Response::new(state))
+    }
+}
+
+/// Serves every service on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: UnixListener,
+    allow_uids: Vec<u32>,
+    service: DataplaneService,
+    health: tonic_health::pb::health_server::HealthServer<
+        impl tonic_health::pb::health_server::Health,
+    >,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), tonic::transport::Error> {
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection()
+        .build_v1()
+        .expect("descriptor sets built from proto/ are valid");
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
+        .expect("descriptor sets built from proto/ are valid");
+    info!("serving gRPC");
+    tonic::transport::Server::builder()
+        .add_service(DataplaneServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES))
+        .add_service(health)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .serve_with_incoming_shutdown(socket::incoming(listener, allow_uids), shutdown)
+        .await
+}

@@ -1,0 +1,99 @@
+//! The unix socket the calc process connects to: created safely, locked
+//! down, and filtered by peer credentials.
+
+use std::io;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
+use tracing::warn;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SocketError {
+    #[error("another vxmgrd is already serving on {}", .0.display())]
+    InUse(PathBuf),
+    #[error("{} exists and is not a socket; refusing to remove it", .0.display())]
+    NotASocket(PathBuf),
+    #[error("unknown group {0:?} for the socket")]
+    UnknownGroup(String),
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
+}
+
+fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> SocketError + 'a {
+    move |source| SocketError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Binds `path` with mode 0600, or 0660 and group `group` when given.
+/// A stale socket file is removed; a live daemon on it is an error.
+pub async fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, SocketError> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io_error("creating directory", dir))?;
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).await.is_ok() {
+                return Err(SocketError::InUse(path.to_path_buf()));
+            }
+            std::fs::remove_file(path).map_err(io_error("removing stale socket", path))?;
+        }
+        Ok(_) => return Err(SocketError::NotASocket(path.to_path_buf())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_error("inspecting", path)(e)),
+    }
+    let gid = match group {
+        Some(name) => Some(
+            nix::unistd::Group::from_name(name)
+                .ok()
+                .flatten()
+                .ok_or_else(|| SocketError::UnknownGroup(name.to_string()))?
+                .gid,
+        ),
+        None => None,
+    };
+    let listener = UnixListener::bind(path).map_err(io_error("binding", path))?;
+    let mode = if gid.is_some() { 0o660 } else { 0o600 };
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .map_err(io_error("setting permissions of", path))?;
+    if let Some(gid) = gid {
+        nix::unistd::chown(path, None, Some(gid))
+            .map_err(|e| io_error("changing group of", path)(e.into()))?;
+    }
+    Ok(listener)
+}
+
+/// Accepted connections, without those from uids not in `allow` (when
+/// `allow` is not empty).
+pub fn incoming(
+    listener: UnixListener,
+    allow: Vec<u32>,
+) -> impl Stream<Item = io::Result<UnixStream>> {
+    UnixListenerStream::new(listener).filter(move |conn| {
+        let Ok(stream) = conn else {
+            return true;
+        };
+        if allow.is_empty() {
+            return true;
+        }
+        match stream.peer_cred() {
+            Ok(cred) if allow.contains(&cred.uid()) => true,
+            Ok(cred) => {
+                warn!(uid = cred.uid(), pid = ?cred.pid(), "refused a connection from a uid not allowed");
+                false
+            }
+            Err(e) => {
+                warn!(error = %e, "refused a connection whose credentials cannot be read");
+                false
+            }
+        }
+    })
+}

@@ -1,0 +1,111 @@
+//! GetState's answer: the manager's desired state in strings a person (and
+//! grpcurl) can read.
+
+use crate::desired::RouteTarget;
+use crate::manager::{FamilySnapshot, Manager};
+use crate::model::{Family, VtepAddresses};
+use crate::reconciler::ObjectError;
+use crate::wire::vxmgr::v1::{
+    BatchStatus, ConnectedRoute, DataplaneState, Device, DirectRoute, FamilyState, FdbEntry,
+    KernelError, Neighbor, TunnelRoute, Vtep, WaitingRoute,
+};
+
+pub fn dataplane_state(
+    manager: &Manager,
+    last_batch: Option<BatchStatus>,
+    failing: &[ObjectError],
+) -> DataplaneState {
+    let family = |f: Family| family_state(f, manager.family(f).snapshot());
+    DataplaneState {
+        hostname: manager.hostname().to_string(),
+        in_sync: manager.in_sync(),
+        last_batch,
+        ipv4: Some(family(Family::V4)),
+        ipv6: Some(family(Family::V6)),
+        failing_objects: failing
+            .iter()
+            .map(|e| KernelError {
+                object: e.object.clone(),
+                error: e.error.clone(),
+            })
+            .collect(),
+    }
+}
+
+fn vtep(node: &str, v: &VtepAddresses) -> Vtep {
+    Vtep {
+        node: node.to_string(),
+        mac: v.mac.to_string(),
+        tunnel_address: v.tunnel_ip.to_string(),
+        parent_address: v.parent_ip.to_string(),
+    }
+}
+
+fn family_state(family: Family, s: FamilySnapshot) -> FamilyState {
+    let mut state = FamilyState {
+        device: s.device.map(|d| Device {
+            name: family.device_name().to_string(),
+            vni: d.vni,
+            port: d.port.into(),
+            parent_interface: d.parent.name.to_string(),
+            local_address: d.local_ip.to_string(),
+            mac: d.mac.to_string(),
+            mtu: d.mtu,
+            address: d.address.to_string(),
+        }),
+        local_vtep: s.local_vtep.map(|(node, v)| vtep(&node, &v)),
+        remote_vteps: s.remote_vteps.iter().map(|(n, v)| vtep(n, v)).collect(),
+        waiting_routes: s
+            .waiting_routes
+            .iter()
+            .map(|w| WaitingRoute {
+                dst: w.dst.to_string(),
+                node: w.node.to_string(),
+            })
+            .collect(),
+        neighbors: s
+            .neighbors
+            .iter()
+            .map(|n| Neighbor {
+                address: n.address.to_string(),
+                mac: n.mac.to_string(),
+            })
+            .collect(),
+        fdb_entries: s
+            .fdb
+            .iter()
+            .map(|e| FdbEntry {
+                mac: e.mac.to_string(),
+                destination: e.destination.to_string(),
+            })
+            .collect(),
+        ipset_name: family.ipset_name().to_string(),
+        ipset_members: s.ipset.iter().map(|m| m.0.to_string()).collect(),
+        parent_interface: s.parent.map(|p| p.name.to_string()).unwrap_or_default(),
+        ..Default::default()
+    };
+    for route in s.routes {
+        let dst = route.dst.to_string();
+        let mtu = route.mtu.unwrap_or(0);
+        match route.target {
+            RouteTarget::Tunnel { node, gateway } => state.tunnel_routes.push(TunnelRoute {
+                dst,
+                gateway: gateway.to_string(),
+                node: node.to_string(),
+                mtu,
+            }),
+            RouteTarget::Direct { gateway, interface } => state.direct_routes.push(DirectRoute {
+                dst,
+                gateway: gateway.to_string(),
+                interface: interface.name.to_string(),
+            }),
+            RouteTarget::Connected { node } => state.connected_routes.push(ConnectedRoute {
+                dst,
+                node: node.to_string(),
+                mtu,
+            }),
+            RouteTarget::Blackhole => state.blackhole_routes.push(dst),
+        }
+    }
+    state
+}

@@ -1,0 +1,255 @@
+//! Replay files: `.jsonl` holds one `felix.ToDataplane` per line in proto3
+//! JSON; any other extension holds Felix's own framing (8-byte little-endian
+//! length, then the protobuf bytes), so a capture of a real Felix stream
+//! replays as is.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+
+use super::felix::ToDataplane;
+use super::json;
+
+/// Frames larger than this are refused rather than allocated.
+pub const MAX_FRAME: u64 = 16 << 20;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReplayFormat {
+    Jsonl,
+    Framed,
+}
+
+impl ReplayFormat {
+    pub fn for_path(path: &Path) -> ReplayFormat {
+        match path.extension().and_then(|e| e.to_str()) {
+            Some("jsonl") => ReplayFormat::Jsonl,
+            _ => ReplayFormat::Framed,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+    #[error("{}:{line}: {message}", path.display())]
+    Json {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{}: truncated frame at byte {offset}: {message}", path.display())]
+    Truncated {
+        path: PathBuf,
+        offset: u64,
+        message: String,
+    },
+    #[error("{}: frame at byte {offset} is {len} bytes, over the {MAX_FRAME}-byte limit", path.display())]
+    TooLarge {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+    },
+    #[error("{}: message at byte {offset}: {source}", path.display())]
+    Decode {
+        path: PathBuf,
+        offset: u64,
+        source: prost::DecodeError,
+    },
+}
+
+/// Reads every message of a replay file.
+pub fn read_file(path: &Path) -> Result<Vec<ToDataplane>, ReplayError> {
+    let io_err = |source| ReplayError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io_err)?;
+    match ReplayFormat::for_path(path) {
+        ReplayFormat::Jsonl => read_jsonl(path, BufReader::new(file)),
+        ReplayFormat::Framed => read_framed(path, BufReader::new(file)),
+    }
+}
+
+fn read_jsonl(path: &Path, reader: impl BufRead) -> Result<Vec<ToDataplane>, ReplayError> {
+    let mut messages = Vec::new();
+    for (index, line) in reader.lines().enumerate() {
+        let line = line.map_err(|source| ReplayError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let text = line.trim();
+        if text.is_empty() || text.starts_with('#') {
+            continue;
+        }
+        let msg = json::from_str(text).map_err(|e| ReplayError::Json {
+            path: path.to_path_buf(),
+            line: index + 1,
+            message: e.to_string(),
+        })?;
+        messages.push(msg);
+    }
+    Ok(messages)
+}
+
+fn read_framed(path: &Path, mut reader: impl Read) -> Result<Vec<ToDataplane>, ReplayError> {
+    let mut messages = Vec::new();
+    let mut offset = 0u64;
+    loop {
+        let mut header = [0u8; 8];
+        let got = read_up_to(&mut reader, &mut header).map_err(|source| ReplayError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        match got {
+            0 => return Ok(messages),
+            8 => {}
+            n => {
+                return Err(ReplayError::Truncated {
+                    path: path.to_path_buf(),
+                    offset,
+                    message: format!("{n} of the 8 length bytes"),
+                });
+            }
+        }
+        let len = u64::from_le_bytes(header);
+        if len > MAX_FRAME {
+            return Err(ReplayError::TooLarge {
+                path: path.to_path_buf(),
+                offset,
+                len,
+            });
+        }
+        let mut body = vec![0u8; len as usize];
+        let got = read_up_to(&mut reader, &mut body).map_err(|source| ReplayError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        if got < body.len() {
+            return Err(ReplayError::Truncated {
+                path: path.to_path_buf(),
+                offset,
+                message: format!("length says {len} bytes, {got} remain"),
+            });
+        }
+        let msg = ToDataplane::decode(body.as_slice()).map_err(|source| ReplayError::Decode {
+            path: path.to_path_buf(),
+            offset,
+            source,
+        })?;
+        messages.push(msg);
+        offset += 8 + len;
+    }
+}
+
+/// Fills `buf` as far as the input goes; returns how much was read.
+fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// Writes messages in a replay format.
+pub struct ReplayWriter<W: Write> {
+    out: W,
+    format: ReplayFormat,
+}
+
+impl ReplayWriter<BufWriter<File>> {
+    /// Creates (or truncates) `path`, in the format its extension says.
+    pub fn create(path: &Path) -> io::Result<Self> {
+        Ok(ReplayWriter::new(
+            BufWriter::new(File::create(path)?),
+            ReplayFormat::for_path(path),
+        ))
+    }
+}
+
+impl<W: Write> ReplayWriter<W> {
+    pub fn new(out: W, format: ReplayFormat) -> Self {
+        ReplayWriter { out, format }
+    }
+
+    pub fn write(&mut self, msg: &ToDataplane) -> io::Result<()> {
+        match self.format {
+            ReplayFormat::Jsonl => writeln!(self.out, "{}", json::to_line(msg)),
+            ReplayFormat::Framed => {
+                let body = msg.encode_to_vec();
+                self.out.write_all(&(body.len() as u64).to_le_bytes())?;
+                self.out.write_all(&body)
+            }
+        }
+    }
+
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.out.flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::felix::{InSync, RouteRemove, to_dataplane::Payload};
+
+    fn sample() -> Vec<ToDataplane> {
+        vec![
+            ToDataplane {
+                sequence_number: 1,
+                payload: Some(Payload::RouteRemove(RouteRemove {
+                    dst: "10.0.0.0/26".into(),
+                })),
+            },
+            ToDataplane {
+                sequence_number: 2,
+                payload: Some(Payload::InSync(InSync {})),
+            },
+        ]
+    }
+
+    fn write_all(format: ReplayFormat) -> Vec<u8> {
+        let mut w = ReplayWriter::new(Vec::new(), format);
+        for m in sample() {
+            w.write(&m).unwrap();
+        }
+        w.out
+    }
+
+    #[test]
+    fn both_formats_round_trip() {
+        let path = Path::new("mem");
+        let framed = write_all(ReplayFormat::Framed);
+        assert_eq!(read_framed(path, framed.as_slice()).unwrap(), sample());
+        let jsonl = write_all(ReplayFormat::Jsonl);
+        let text = format!("# a comment\n\n{}", String::from_utf8(jsonl).unwrap());
+        assert_eq!(read_jsonl(path, text.as_bytes()).unwrap(), sample());
+    }
+
+    #[test]
+    fn jsonl_errors_name_file_and_line() {
+        let text = "# ok\n{\"inSync\": {}}\n{\"routeUpdate\": \n";
+        let err = read_jsonl(Path::new("x.jsonl"), text.as_bytes()).unwrap_err();
+        assert!(err.to_string().starts_with("x.jsonl:3: "), "{err}");
+    }
+
+    #[test]
+    fn truncated_and_oversized_frames_are_named() {
+        let framed = write_all(ReplayFormat::Framed);
+        let cut = &framed[..framed.len() - 1];
+        let err = read_framed(Path::new("cap.bin"), cut).unwrap_err();
+        assert!(err.to_string().contains("truncated frame at byte"), "{err}");
+        let err = read_framed(Path::new("cap.bin"), &framed[..3]).unwrap_err();
+        assert!(err.to_string().contains("3 of the 8 length bytes"), "{err}");
+        let huge = (MAX_FRAME + 1).to_le_bytes();
+        let err = read_framed(Path::new("cap.bin"), huge.as_slice()).unwrap_err();
+        assert!(err.to_string().contains("over the"), "{err}");
+    }
+}
