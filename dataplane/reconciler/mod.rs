@@ -6,6 +6,8 @@ mod device;
 mod nexthops;
 mod render;
 mod table;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;

@@ -1,0 +1,373 @@
+//! The reconciler over the in-memory kernel, driven by the real manager.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::config::Config;
+use crate::kernel::memory::MemoryBackend;
+use crate::kernel::objects::KernelRouteVia;
+use crate::manager::Manager;
+use crate::model::Update;
+use crate::wire::felix::ToDataplane;
+use crate::wire::json;
+
+const NODE_A: &str = "node-a";
+
+fn options(nexthops: NexthopMode) -> ReconcilerOptions {
+    ReconcilerOptions {
+        nexthops,
+        disable_tx_checksum: false,
+        route_protocol: 80,
+    }
+}
+
+/// A manager and reconciler as the daemon wires them, on a memory kernel.
+struct Rig {
+    manager: Manager,
+    reconciler: Reconciler<MemoryBackend>,
+    kernel: MemoryBackend,
+}
+
+impl Rig {
+    async fn new(kernel: MemoryBackend, nexthops: NexthopMode) -> Rig {
+        let mut reconciler = Reconciler::new(kernel.clone(), options(nexthops)).await;
+        reconciler.resync().await.expect("memory dump");
+        Rig {
+            manager: Manager::new(NODE_A, Config::default()),
+            reconciler,
+            kernel,
+        }
+    }
+
+    fn send(&mut self, lines: &[&str]) {
+        for line in lines {
+            let msg: ToDataplane = json::from_str(line).expect("test JSON");
+            let update = Update::from_message(msg).expect("valid").expect("known");
+            self.manager.on_update(update).expect("accepted");
+        }
+    }
+
+    /// Resolves parents like the engine does, then applies the delta.
+    async fn apply(&mut self) -> Report {
+        let ips = Family::ALL.map(|f| self.manager.family(f).parent_ip());
+        let (_, parents) = self.reconciler.find_parents(ips).await;
+        for (f, p) in Family::ALL.into_iter().zip(parents) {
+            self.manager.set_parent(f, p);
+        }
+        let request = ApplyRequest {
+            delta: self.manager.complete_deferred_work(),
+            in_sync: self.manager.in_sync(),
+            route_protocol: 80,
+        };
+        self.reconciler.apply(request).await
+    }
+
+    /// A new stream on the same daemon.
+    fn new_stream(&mut self) {
+        self.manager = self.manager.fresh();
+        self.reconciler.begin_stream();
+    }
+
+    fn routes(&self) -> Vec<String> {
+        let k = self.kernel.lock();
+        let mut routes: Vec<String> = k.routes.values().map(|r| r.to_string()).collect();
+        routes.sort();
+        routes
+    }
+
+    fn log_len(&self) -> usize {
+        self.kernel.lock().log.len()
+    }
+}
+
+const CLUSTER: &[&str] = &[
+    r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#,
+    r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
+    r#"{"vtepUpdate": {"node": "node-c", "mac": "66:aa:00:00:00:03", "ipv4Addr": "10.244.2.0", "parentDeviceIp": "192.168.10.3"}}"#,
+    r#"{"routeUpdate": {"types": "LOCAL_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.0.0/26", "dstNodeName": "node-a"}}"#,
+    r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/26", "dstNodeName": "node-b"}}"#,
+    r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.2.0/26", "dstNodeName": "node-c"}}"#,
+    r#"{"routeUpdate": {"types": 17, "ipPoolType": "VXLAN", "dst": "10.244.1.0/32", "dstNodeName": "node-b"}}"#,
+];
+const IN_SYNC: &str = r#"{"inSync": {}}"#;
+
+async fn cluster_rig(nexthops: NexthopMode) -> Rig {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), nexthops).await;
+    rig.kernel.record_operations();
+    rig.send(CLUSTER);
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    rig
+}
+
+#[tokio::test]
+async fn programs_the_design_example_through_nexthops() {
+    let rig = cluster_rig(NexthopMode::On).await;
+    let k = rig.kernel.lock();
+    let device = k.link_by_name("vxlan.calico").expect("device").clone();
+    assert_eq!(device.mtu, 1450);
+    assert!(device.up);
+    assert_eq!(device.addresses[0].to_string(), "10.244.0.0/32");
+    let vx = device.vxlan.clone().unwrap();
+    assert_eq!((vx.vni, vx.port, vx.learning), (4096, 4789, false));
+    assert_eq!(k.nexthops.len(), 2);
+    assert_eq!(k.neighbors.len(), 2);
+    assert_eq!(k.fdb.len(), 2);
+    let members: Vec<String> = k.ipsets["cali40all-vxlan-net"]
+        .iter()
+        .map(|m| m.to_string())
+        .collect();
+    assert_eq!(members, ["192.168.10.2/32", "192.168.10.3/32"]);
+    let tunnel = k.routes[&"10.244.1.0/26".parse().unwrap()];
+    assert!(matches!(tunnel.via, KernelRouteVia::Nexthop(_)));
+    assert_eq!((tunnel.protocol, tunnel.mtu), (80, Some(1450)));
+    let blackhole = k.routes[&"10.244.0.0/26".parse().unwrap()];
+    assert_eq!(blackhole.via, KernelRouteVia::Blackhole);
+    let connected = k.routes[&"10.244.1.0/32".parse().unwrap()];
+    assert_eq!(connected.via, KernelRouteVia::Link(device.index));
+}
+
+#[tokio::test]
+async fn inline_gateways_without_nexthops() {
+    let rig = cluster_rig(NexthopMode::Off).await;
+    let k = rig.kernel.lock();
+    assert!(k.nexthops.is_empty());
+    let index = k.link_by_name("vxlan.calico").unwrap().index;
+    let tunnel = k.routes[&"10.244.1.0/26".parse().unwrap()];
+    assert_eq!(
+        tunnel.via,
+        KernelRouteVia::Gateway {
+            gateway: "10.244.1.0".parse().unwrap(),
+            ifindex: index
+        }
+    );
+}
+
+#[tokio::test]
+async fn resync_without_drift_does_nothing_and_repairs_drift() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let before = rig.log_len();
+    let report = rig.reconciler.resync().await.unwrap();
+    assert_eq!(report.operations, 0, "{report:?}");
+    assert_eq!(rig.log_len(), before);
+
+    let dst = "10.244.2.0/26".parse().unwrap();
+    rig.kernel.lock().routes.remove(&dst);
+    let neighbor = *rig.kernel.lock().neighbors.keys().next().unwrap();
+    rig.kernel.lock().neighbors.remove(&neighbor);
+    rig.kernel
+        .lock()
+        .ipsets
+        .get_mut("cali40all-vxlan-net")
+        .unwrap()
+        .clear();
+    let report = rig.reconciler.resync().await.unwrap();
+    assert_eq!(
+        report.added, 4,
+        "route, neighbour, two ipset members: {report:?}"
+    );
+    assert!(rig.kernel.lock().routes.contains_key(&dst));
+    assert_eq!(rig.kernel.lock().neighbors.len(), 2);
+}
+
+#[tokio::test]
+async fn a_restart_adopts_the_kernel_without_touching_it() {
+    let rig = cluster_rig(NexthopMode::On).await;
+    let kernel = rig.kernel.clone();
+    drop(rig);
+    let routes_before = {
+        let mut r: Vec<String> = kernel
+            .lock()
+            .routes
+            .values()
+            .map(|r| r.to_string())
+            .collect();
+        r.sort();
+        r
+    };
+    let mut restarted = Rig::new(kernel.clone(), NexthopMode::On).await;
+    let before = restarted.log_len();
+    restarted.send(CLUSTER);
+    restarted.send(&[IN_SYNC]);
+    let report = restarted.apply().await;
+    assert_eq!(report.operations, 0, "{report:?}");
+    assert_eq!(restarted.log_len(), before, "no operation at all");
+    assert_eq!(restarted.routes(), routes_before);
+}
+
+#[tokio::test]
+async fn a_new_stream_sweeps_exactly_the_stale_objects_after_its_in_sync() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    rig.new_stream();
+    // node-c and its block are gone from the new stream's world.
+    rig.send(&CLUSTER[..2]);
+    rig.send(&[CLUSTER[3], CLUSTER[4], CLUSTER[6]]);
+    let report = rig.apply().await;
+    assert_eq!(
+        report.removed, 0,
+        "nothing removed before InSync: {report:?}"
+    );
+    assert_eq!(report.operations, 0, "nothing else changed: {report:?}");
+    assert!(rig.routes().iter().any(|r| r.contains("10.244.2.0/26")));
+
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    // node-c's route, nexthop, neighbour, FDB entry and ipset member.
+    assert_eq!(report.removed, 5, "{report:?}");
+    assert_eq!((report.added, report.changed), (0, 0));
+    assert!(!rig.routes().iter().any(|r| r.contains("10.244.2.0/26")));
+    let k = rig.kernel.lock();
+    assert_eq!(
+        (k.nexthops.len(), k.neighbors.len(), k.fdb.len()),
+        (1, 1, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_vtep_address_change_is_one_nexthop_replace() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    rig.kernel.lock().log.clear();
+    rig.send(&[
+        r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.64", "parentDeviceIp": "192.168.10.2"}}"#,
+    ]);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    let log = rig.kernel.lock().log.clone();
+    assert!(
+        !log.iter().any(|op| matches!(op, KernelOp::ReplaceRoute(_))),
+        "{log:#?}"
+    );
+    let nexthops: Vec<_> = log
+        .iter()
+        .filter(|op| matches!(op, KernelOp::ReplaceNexthop(_)))
+        .collect();
+    assert_eq!(nexthops.len(), 1, "{log:#?}");
+}
+
+#[tokio::test]
+async fn a_vni_change_recreates_the_device_and_everything_on_it() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let old_index = rig
+        .kernel
+        .lock()
+        .link_by_name("vxlan.calico")
+        .unwrap()
+        .index;
+    rig.send(&[r#"{"configUpdate": {"config": {"VXLANVNI": "7"}}}"#]);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    let k = rig.kernel.lock();
+    let device = k.link_by_name("vxlan.calico").unwrap();
+    assert_ne!(device.index, old_index);
+    assert_eq!(device.vxlan.as_ref().unwrap().vni, 7);
+    assert_eq!(k.routes.len(), 4, "routes re-added: {:?}", k.routes.keys());
+    assert_eq!(
+        (k.nexthops.len(), k.neighbors.len(), k.fdb.len()),
+        (2, 2, 2)
+    );
+}
+
+#[tokio::test]
+async fn device_drift_is_repaired_in_place() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    {
+        let mut k = rig.kernel.lock();
+        let index = k.link_by_name("vxlan.calico").unwrap().index;
+        let link = k.links.get_mut(&index).unwrap();
+        link.mtu = 9000;
+        link.up = false;
+        link.addresses.push("10.9.9.9/32".parse().unwrap());
+        link.addresses.push("fe80::1/64".parse().unwrap());
+    }
+    let report = rig.reconciler.check_devices().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    let k = rig.kernel.lock();
+    let link = k.link_by_name("vxlan.calico").unwrap();
+    assert_eq!((link.mtu, link.up), (1450, true));
+    let addresses: Vec<String> = link.addresses.iter().map(|a| a.to_string()).collect();
+    assert_eq!(
+        addresses,
+        ["10.244.0.0/32", "fe80::1/64"],
+        "link-local kept"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_object_is_reported_retried_and_does_not_block_the_others() {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+    let bad = "10.244.2.0/26".parse().unwrap();
+    rig.kernel.inject_fault(
+        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == bad),
+        libc::EBUSY,
+    );
+    rig.send(CLUSTER);
+    let report = rig.apply().await;
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    let error = &report.errors[0];
+    assert!(
+        error
+            .object
+            .starts_with("adding route 10.244.2.0/26 via 10.244.2.0 dev vxlan.calico"),
+        "{error:?}"
+    );
+    assert!(error.error.contains("busy"), "{error:?}");
+    assert_eq!(rig.kernel.lock().routes.len(), 3, "the other routes are in");
+    assert_eq!(rig.reconciler.failing().len(), 1);
+
+    let retry_at = rig.reconciler.next_retry().expect("a retry is scheduled");
+    let report = rig.reconciler.retry(Instant::now()).await;
+    assert_eq!(report.operations, 0, "not before its backoff");
+    rig.kernel.clear_faults();
+    let report = rig.reconciler.retry(retry_at).await;
+    assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
+    assert!(rig.reconciler.failing().is_empty());
+    assert!(rig.reconciler.next_retry().is_none());
+}
+
+#[tokio::test]
+async fn routes_wait_for_their_device() {
+    let mut rig = Rig::new(MemoryBackend::new(), NexthopMode::Off).await;
+    rig.send(CLUSTER);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "no error storm: {report:?}");
+    assert_eq!(rig.routes(), ["route blackhole 10.244.0.0/26 proto 80"]);
+
+    // The parent address appears on an interface: the device and every
+    // route through it follow.
+    {
+        let mut k = rig.kernel.lock();
+        let index = k.add_link("eth0", 1500);
+        k.links
+            .get_mut(&index)
+            .unwrap()
+            .addresses
+            .push("192.168.10.1/24".parse().unwrap());
+    }
+    let report = rig.reconciler.check_devices().await;
+    assert_eq!(report.parent_changes.len(), 1);
+    for (family, parent) in report.parent_changes {
+        rig.manager.set_parent(family, parent);
+    }
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(rig.routes().len(), 4);
+}
+
+#[tokio::test]
+async fn backoff_grows() {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+    rig.kernel
+        .inject_fault(|op| matches!(op, KernelOp::ReplaceFdb(_)), libc::EIO);
+    rig.send(&CLUSTER[..2]);
+    rig.apply().await;
+    let first = rig.reconciler.next_retry().unwrap();
+    let retried = Instant::now();
+    rig.reconciler.retry(first).await;
+    let second = rig.reconciler.next_retry().unwrap();
+    assert!(
+        second >= retried + Duration::from_millis(500),
+        "the second wait doubles the first (250 ms): {:?}",
+        second - retried
+    );
+}
