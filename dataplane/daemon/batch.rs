@@ -55,7 +55,10 @@ impl Batch {
 
     /// The status of this batch once the kernel has been programmed.
     pub fn status(&self, report: &Report, apply_time: Duration, in_sync: bool) -> BatchStatus {
-        let nothing_applied = self.count > 0 && self.rejected.len() as u32 == self.count;
+        // A rejected ConfigUpdate may still have applied its good keys.
+        let changed_kernel = report.added + report.changed + report.removed > 0;
+        let nothing_applied =
+            self.count > 0 && self.rejected.len() as u32 == self.count && !changed_kernel;
         let every_op_failed =
             report.operations > 0 && report.errors.len() as u32 >= report.operations;
         let result = if nothing_applied || every_op_failed {

@@ -1,0 +1,161 @@
+//! Running the real binaries in tests: a vxmgrd on a private socket that is
+//! stopped however the test ends, and calc-stub runs.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
+
+use tempfile::TempDir;
+
+pub const VXMGRD: &str = env!("CARGO_BIN_EXE_vxmgrd");
+pub const CALC_STUB: &str = env!("CARGO_BIN_EXE_calc-stub");
+
+/// A running vxmgrd. Dropping it stops it (SIGTERM, then SIGKILL).
+pub struct Daemon {
+    child: Child,
+    pub dir: TempDir,
+    pub socket: PathBuf,
+    log: Arc<Mutex<String>>,
+}
+
+impl Daemon {
+    /// Starts `vxmgrd --kernel memory --hostname node-a` with a fast batch
+    /// tick and `extra` arguments, and waits until it serves.
+    pub fn memory(extra: &[&str]) -> Daemon {
+        let mut args = vec![
+            "--kernel",
+            "memory",
+            "--hostname",
+            "node-a",
+            "--batch-interval",
+            "5ms",
+        ];
+        args.extend_from_slice(extra);
+        Daemon::start(&args)
+    }
+
+    pub fn start(args: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("vxmgr.sock");
+        Daemon::start_on(dir, socket, args)
+    }
+
+    pub fn start_on(dir: TempDir, socket: PathBuf, args: &[&str]) -> Daemon {
+        let mut child = Command::new(VXMGRD)
+            .arg("--socket")
+            .arg(&socket)
+            .args(args)
+            .env("VXMGR_LOG", "info,vxmgr=debug")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("vxmgrd starts");
+        let log = Arc::new(Mutex::new(String::new()));
+        let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
+        // Wait for the line that says the socket is served, keeping the log.
+        let mut serving = false;
+        for line in lines.by_ref() {
+            let line = line.unwrap_or_default();
+            log.lock().unwrap().push_str(&line);
+            log.lock().unwrap().push('\n');
+            if line.contains("serving gRPC") {
+                serving = true;
+                break;
+            }
+        }
+        if !serving {
+            let status = child.wait().expect("vxmgrd exit status");
+            panic!(
+                "vxmgrd exited ({status}) before serving:\n{}",
+                log.lock().unwrap()
+            );
+        }
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        Daemon {
+            child,
+            dir,
+            socket,
+            log,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub fn terminate(mut self) -> std::process::ExitStatus {
+        signal(self.pid(), libc::SIGTERM);
+        self.child.wait().expect("vxmgrd exit status")
+    }
+
+    /// A gRPC client on this daemon's socket.
+    pub async fn client(
+        &self,
+    ) -> vxmgr::wire::vxmgr::v1::dataplane_client::DataplaneClient<tonic::transport::Channel> {
+        vxmgr::client::dataplane(&self.socket)
+            .await
+            .expect("connect to vxmgrd")
+    }
+
+    /// `calc-stub replay --socket <ours> <args>`.
+    pub fn replay(&self, args: &[&str]) -> Output {
+        Command::new(CALC_STUB)
+            .arg("replay")
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .output()
+            .expect("calc-stub runs")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.pid(), libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn signal(pid: i32, signal: i32) {
+    // SAFETY: kill(2) on our own child's pid.
+    unsafe {
+        libc::kill(pid, signal);
+    }
+}
+
+/// Writes `lines` as a .jsonl replay file in `dir`.
+pub fn replay_file(dir: &Path, name: &str, lines: &[&str]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, lines.join("\n") + "\n").expect("write replay file");
+    path
+}
+
+/// The BatchStatus JSON lines calc-stub printed.
+pub fn statuses(output: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("calc-stub prints JSON lines"))
+        .collect()
+}
+
+pub fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
