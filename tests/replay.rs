@@ -31,7 +31,9 @@ fn comparable(statuses: Vec<serde_json::Value>) -> String {
     statuses
         .into_iter()
         .map(|mut s| {
-            s.as_object_mut().expect("status object").remove("applyMicros");
+            s.as_object_mut()
+                .expect("status object")
+                .remove("applyMicros");
             s.to_string() + "\n"
         })
         .collect()
@@ -68,30 +70,29 @@ fn replays_match_their_goldens() {
         }
         let golden = |path: &Path| {
             std::fs::read_to_string(path).unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e} (VXMGR_REGENERATE=1 creates it)",
-                    path.display()
-                )
+                panic!("{}: {e} (VXMGR_REGENERATE=1 creates it)", path.display())
             })
         };
-        if batches != golden(&batches_golden) {
-            failures.push(format!(
-                "{name}: batch statuses differ from {}:\n{}",
-                batches_golden.display(),
-                similar::TextDiff::from_lines(&golden(&batches_golden), &batches)
-                    .unified_diff()
-            ));
-        }
-        if state != golden(&state_golden) {
-            failures.push(format!(
-                "{name}: state differs from {}:\n{}",
-                state_golden.display(),
-                similar::TextDiff::from_lines(&golden(&state_golden), &state).unified_diff()
-            ));
+        for (what, actual, path) in [
+            ("batch statuses", &batches, &batches_golden),
+            ("state", &state, &state_golden),
+        ] {
+            let expected = golden(path);
+            if *actual != expected {
+                failures.push(format!(
+                    "{name}: {what} differ from {}:\n{}",
+                    path.display(),
+                    similar::TextDiff::from_lines(&expected, actual).unified_diff()
+                ));
+            }
         }
         let exit_ok = output.status.success();
-        let all_ok = !batches.contains("BATCH_RESULT_PARTIAL") && !batches.contains("BATCH_RESULT_FAILED");
-        assert_eq!(exit_ok, all_ok, "{name}: exit status follows the batch results");
+        let all_ok =
+            !batches.contains("BATCH_RESULT_PARTIAL") && !batches.contains("BATCH_RESULT_FAILED");
+        assert_eq!(
+            exit_ok, all_ok,
+            "{name}: exit status follows the batch results"
+        );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -100,7 +101,11 @@ fn replays_match_their_goldens() {
 fn expect_reports_a_diff_and_fails() {
     let daemon = Daemon::memory(&[]);
     let replay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replays/two-nodes.jsonl");
-    let wrong = support::replay_file(daemon.dir.path(), "wrong.json", &[r#"{"hostname": "node-z"}"#]);
+    let wrong = support::replay_file(
+        daemon.dir.path(),
+        "wrong.json",
+        &[r#"{"hostname": "node-z"}"#],
+    );
     let output = daemon.replay(&[
         "--expect",
         wrong.to_str().unwrap(),

@@ -6,7 +6,8 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use tempfile::TempDir;
 
@@ -18,7 +19,23 @@ pub struct Daemon {
     child: Child,
     pub dir: TempDir,
     pub socket: PathBuf,
-    log: Arc<Mutex<String>>,
+    log: Arc<Log>,
+}
+
+/// The daemon's stderr, and a way to wait for a line in it.
+#[derive(Default)]
+struct Log {
+    text: Mutex<String>,
+    grew: Condvar,
+}
+
+impl Log {
+    fn push(&self, line: &str) {
+        let mut text = self.text.lock().unwrap();
+        text.push_str(line);
+        text.push('\n');
+        self.grew.notify_all();
+    }
 }
 
 impl Daemon {
@@ -54,14 +71,13 @@ impl Daemon {
             .stderr(Stdio::piped())
             .spawn()
             .expect("vxmgrd starts");
-        let log = Arc::new(Mutex::new(String::new()));
+        let log = Arc::new(Log::default());
         let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
         // Wait for the line that says the socket is served, keeping the log.
         let mut serving = false;
         for line in lines.by_ref() {
             let line = line.unwrap_or_default();
-            log.lock().unwrap().push_str(&line);
-            log.lock().unwrap().push('\n');
+            log.push(&line);
             if line.contains("serving gRPC") {
                 serving = true;
                 break;
@@ -71,15 +87,13 @@ impl Daemon {
             let status = child.wait().expect("vxmgrd exit status");
             panic!(
                 "vxmgrd exited ({status}) before serving:\n{}",
-                log.lock().unwrap()
+                log.text.lock().unwrap()
             );
         }
         let sink = log.clone();
         std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
-                let mut log = sink.lock().unwrap();
-                log.push_str(&line);
-                log.push('\n');
+                sink.push(&line);
             }
         });
         Daemon {
@@ -91,7 +105,23 @@ impl Daemon {
     }
 
     pub fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
+        self.log.text.lock().unwrap().clone()
+    }
+
+    /// Waits until the daemon has logged `count` lines containing `needle`.
+    pub fn wait_for_log(&self, needle: &str, count: usize) {
+        let text = self.log.text.lock().unwrap();
+        let (text, timeout) = self
+            .log
+            .grew
+            .wait_timeout_while(text, Duration::from_secs(30), |t| {
+                t.matches(needle).count() < count
+            })
+            .unwrap();
+        assert!(
+            !timeout.timed_out(),
+            "vxmgrd did not log {needle:?} {count} times:\n{text}"
+        );
     }
 
     pub fn pid(&self) -> i32 {

@@ -1,0 +1,283 @@
+//! vxmgrd as a process, kernel-free (memory backend): the socket, the one
+//! active stream, heartbeats, DataplaneInSync, health, recording, shutdown.
+
+mod support;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use support::{Daemon, VXMGRD};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use vxmgr::wire::felix::ToDataplane;
+use vxmgr::wire::vxmgr::v1::{GetStateRequest, SyncResponse, sync_response::Payload};
+use vxmgr::wire::{json, replay};
+
+fn two_nodes() -> Vec<ToDataplane> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replays/two-nodes.jsonl");
+    let mut messages = replay::read_file(&path).expect("replay file");
+    for (i, m) in messages.iter_mut().enumerate() {
+        m.sequence_number = i as u64 + 1;
+    }
+    messages
+}
+
+/// An open Sync stream.
+struct Stream {
+    tx: mpsc::Sender<ToDataplane>,
+    responses: tonic::Streaming<SyncResponse>,
+}
+
+impl Stream {
+    async fn open(daemon: &Daemon) -> Stream {
+        let (tx, rx) = mpsc::channel(64);
+        let responses = daemon
+            .client()
+            .await
+            .sync(ReceiverStream::new(rx))
+            .await
+            .expect("Sync accepted")
+            .into_inner();
+        Stream { tx, responses }
+    }
+
+    async fn send(&self, messages: Vec<ToDataplane>) {
+        for m in messages {
+            self.tx.send(m).await.expect("stream open");
+        }
+    }
+
+    /// The next response whose payload `want` picks, skipping the others.
+    async fn next<T>(&mut self, mut want: impl FnMut(Payload) -> Option<T>) -> T {
+        let wait = async {
+            while let Some(r) = self.responses.next().await {
+                if let Some(t) = r.expect("response").payload.and_then(&mut want) {
+                    return t;
+                }
+            }
+            panic!("the stream ended");
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("response within 30 s")
+    }
+
+    async fn batch_covering(&mut self, sequence: u64) {
+        self.next(|p| match p {
+            Payload::BatchStatus(s) if s.last_sequence >= sequence => Some(()),
+            _ => None,
+        })
+        .await
+    }
+}
+
+#[tokio::test]
+async fn a_second_sync_is_refused_naming_the_active_peer() {
+    let daemon = Daemon::memory(&[]);
+    let _first = Stream::open(&daemon).await;
+    let (_tx, rx) = mpsc::channel::<ToDataplane>(1);
+    let err = daemon
+        .client()
+        .await
+        .sync(ReceiverStream::new(rx))
+        .await
+        .expect_err("second stream refused");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    let me = format!("pid {} uid {}", std::process::id(), nix::unistd::getuid());
+    assert!(err.message().contains(&me), "{}", err.message());
+}
+
+// Multi-threaded: waiting for the log blocks this thread while the client
+// connection still has to send the end of the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_slot_frees_when_the_stream_ends_and_state_stays() {
+    let daemon = Daemon::memory(&[]);
+    let mut first = Stream::open(&daemon).await;
+    first.send(two_nodes()).await;
+    first.batch_covering(7).await;
+    drop(first);
+    daemon.wait_for_log("calc stream ended", 1);
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let v4 = state.ipv4.unwrap();
+    assert_eq!(v4.tunnel_routes.len(), 1, "intent stays");
+    assert_eq!(v4.blackhole_routes, ["10.244.0.0/26"]);
+    // The slot is free for the next calc process.
+    Stream::open(&daemon).await;
+}
+
+#[tokio::test]
+async fn heartbeats_and_one_dataplane_in_sync() {
+    let daemon = Daemon::memory(&["--heartbeat-interval", "20ms"]);
+    let mut stream = Stream::open(&daemon).await;
+    stream.send(two_nodes()).await;
+    let mut in_sync = 0;
+    let mut heartbeats = 0;
+    let mut covered = false;
+    while !(covered && in_sync == 1 && heartbeats >= 2) {
+        stream
+            .next(|p| {
+                match p {
+                    Payload::BatchStatus(s) => covered |= s.last_sequence == 7,
+                    Payload::DataplaneInSync(_) => in_sync += 1,
+                    Payload::Heartbeat(h) => {
+                        assert!(h.iso_timestamp.ends_with('Z'), "{h:?}");
+                        heartbeats += 1;
+                    }
+                }
+                Some(())
+            })
+            .await;
+    }
+    // More updates after InSync: no second DataplaneInSync.
+    let mut more = two_nodes();
+    more.truncate(3);
+    for (i, m) in more.iter_mut().enumerate() {
+        m.sequence_number = 8 + i as u64;
+    }
+    stream.send(more).await;
+    loop {
+        let done = stream
+            .next(|p| match p {
+                Payload::BatchStatus(s) => Some(s.last_sequence == 10),
+                Payload::DataplaneInSync(_) => panic!("DataplaneInSync sent twice"),
+                Payload::Heartbeat(_) => Some(false),
+            })
+            .await;
+        if done {
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn health_is_not_serving_until_in_sync() {
+    let daemon = Daemon::memory(&[]);
+    let channel = vxmgr::client::connect(&daemon.socket).await.unwrap();
+    let mut health = HealthClient::new(channel);
+    let request = || HealthCheckRequest {
+        service: "vxmgr.v1.Dataplane".into(),
+    };
+    let status = health.check(request()).await.unwrap().into_inner().status;
+    assert_eq!(status, ServingStatus::NotServing as i32);
+    let mut watch = health.watch(request()).await.unwrap().into_inner();
+    let mut stream = Stream::open(&daemon).await;
+    stream.send(two_nodes()).await;
+    stream.batch_covering(7).await;
+    let serving = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(update) = watch.next().await {
+            if update.unwrap().status == ServingStatus::Serving as i32 {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .expect("health changes within 30 s");
+    assert!(serving);
+}
+
+#[tokio::test]
+async fn record_writes_a_file_that_replays_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["capture.jsonl", "capture.bin"] {
+        let record = dir.path().join(name);
+        let daemon = Daemon::memory(&["--record", record.to_str().unwrap()]);
+        let mut stream = Stream::open(&daemon).await;
+        stream.send(two_nodes()).await;
+        stream.batch_covering(7).await;
+        assert_eq!(replay::read_file(&record).unwrap(), two_nodes(), "{name}");
+    }
+}
+
+#[test]
+fn the_socket_is_private_and_a_stale_one_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/vxmgr.sock");
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    // A socket file nobody serves: what a crashed daemon leaves.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let daemon = Daemon::start_on(
+        tempfile::tempdir().unwrap(),
+        socket.clone(),
+        &["--kernel", "memory", "--hostname", "node-a"],
+    );
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let second = Command::new(VXMGRD)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--kernel", "memory", "--hostname", "node-a"])
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("another vxmgrd is already serving on"),
+        "{err}"
+    );
+
+    let status = daemon.terminate();
+    assert!(status.success(), "SIGTERM is a clean stop: {status}");
+    assert!(!socket.exists(), "the socket is removed on exit");
+}
+
+#[test]
+fn a_socket_group_opens_the_socket_to_that_group() {
+    let group = nix::unistd::Group::from_gid(nix::unistd::getgid())
+        .unwrap()
+        .expect("our group has a name");
+    let daemon = Daemon::memory(&["--socket-group", &group.name]);
+    let meta = std::fs::metadata(&daemon.socket).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o777, 0o660);
+    assert_eq!(meta.gid(), group.gid.as_raw());
+}
+
+#[test]
+fn bad_flags_are_refused_with_their_value() {
+    for (flag, value) in [
+        ("--vxlan-vni", "16777216"),
+        ("--vxlan-port", "0"),
+        ("--vxlan-mtu-v6", "1000"),
+        ("--external-nodes-cidr", "10.0.0.0/33"),
+    ] {
+        let out = Command::new(VXMGRD)
+            .args(["--kernel", "memory", flag, value])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(value) && err.contains(flag), "{err}");
+    }
+}
+
+#[tokio::test]
+async fn get_state_reads_well_as_json() {
+    let daemon = Daemon::memory(&[]);
+    let mut stream = Stream::open(&daemon).await;
+    stream.send(two_nodes()).await;
+    stream.batch_covering(7).await;
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let v = json::to_value(&state);
+    assert_eq!(v["ipv4"]["device"]["mac"], "66:aa:00:00:00:01");
+    assert_eq!(v["ipv4"]["fdbEntries"][0]["destination"], "192.168.10.2");
+    assert_eq!(v["ipv4"]["ipsetMembers"][0], "192.168.10.2/32");
+    assert_eq!(v["lastBatch"]["lastSequence"], "7");
+}
