@@ -281,3 +281,34 @@ async fn get_state_reads_well_as_json() {
     assert_eq!(v["ipv4"]["ipsetMembers"][0], "192.168.10.2/32");
     assert_eq!(v["lastBatch"]["lastSequence"], "7");
 }
+
+#[test]
+fn in_sync_is_reported_only_from_the_batch_that_holds_it() {
+    let daemon = Daemon::memory(&[]);
+    let cluster = daemon.dir.path().join("cluster.bin");
+    let generated = Command::new(support::CALC_STUB)
+        .args([
+            "generate",
+            "--nodes",
+            "3000",
+            "--blocks-per-node",
+            "4",
+            "-o",
+        ])
+        .arg(&cluster)
+        .output()
+        .unwrap();
+    assert!(
+        generated.status.success(),
+        "{}",
+        support::stderr(&generated)
+    );
+    let output = daemon.replay(&[cluster.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", support::stderr(&output));
+    let statuses = support::statuses(&output);
+    let last: u64 = 1 + 3000 + 3000 * 4 + 2999 + 1;
+    for s in &statuses {
+        let covers_in_sync = s["lastSequence"].as_str().unwrap().parse::<u64>().unwrap() == last;
+        assert_eq!(s["inSync"] == true, covers_in_sync, "{s}");
+    }
+}

@@ -316,7 +316,7 @@ impl Engine {
                     stream.in_sync_applied |= in_sync;
                 }
                 if let Some(batch) = batch {
-                    let status = batch.status(&report, apply_time, self.manager.in_sync());
+                    let status = batch.status(&report, apply_time, in_sync);
                     info!(
                         first = status.first_sequence,
                         last = status.last_sequence,

@@ -189,3 +189,4 @@ pub fn statuses(output: &Output) -> Vec<serde_json::Value> {
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
+pub mod netns;

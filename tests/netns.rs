@@ -1,0 +1,454 @@
+//! The netlink backend against the real kernel, in network namespaces: a
+//! small cluster with vxmgrd on every node, fed by calc-stub. Needs root;
+//! skips without it unless VXMGR_REQUIRE_NETNS=1.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::netns::{Cluster, Monitor, can_run, ip_json, run, run_in, try_in};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// A cluster of `n` nodes, each running vxmgrd with `flags` and fed its view.
+fn running_cluster(n: u8, flags: &[&str], same_subnet: bool) -> Cluster {
+    let mut cluster = Cluster::new(n);
+    for i in 1..=n {
+        cluster.node_mut(i).start_daemon(flags);
+    }
+    for i in 1..=n {
+        let view = cluster.view(i, same_subnet);
+        cluster.node(i).replay_ok(cluster.dir.path(), "view", &view);
+    }
+    cluster
+}
+
+fn link(ns: &str, name: &str) -> Value {
+    ip_json(ns, &["-d", "-s", "link", "show", name])[0].clone()
+}
+
+fn tx_packets(ns: &str, dev: &str) -> u64 {
+    link(ns, dev)["stats64"]["tx"]["packets"]
+        .as_u64()
+        .expect("tx packets")
+}
+
+fn rx_packets(ns: &str, dev: &str) -> u64 {
+    link(ns, dev)["stats64"]["rx"]["packets"]
+        .as_u64()
+        .expect("rx packets")
+}
+
+/// Our routes as `dst kind target`, sorted.
+fn routes(ns: &str, family: &str) -> BTreeSet<String> {
+    ip_json(ns, &[family, "route", "show", "proto", "80"])
+        .as_array()
+        .expect("route list")
+        .iter()
+        .map(|r| {
+            let dst = r["dst"].as_str().unwrap();
+            let mtu = r["metrics"]
+                .as_array()
+                .and_then(|m| m.iter().find_map(|x| x["mtu"].as_u64()))
+                .map(|m| format!(" mtu {m}"))
+                .unwrap_or_default();
+            let onlink = r["flags"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x == "onlink"));
+            let nhid = if r["nhid"].is_null() { "" } else { " nhid" };
+            match (r["type"].as_str(), r["gateway"].as_str()) {
+                (Some("blackhole"), _) => format!("blackhole {dst}"),
+                (_, Some(gw)) => format!(
+                    "{dst}{nhid} via {gw} dev {}{}{mtu}",
+                    r["dev"].as_str().unwrap(),
+                    if onlink { " onlink" } else { "" }
+                ),
+                _ => format!(
+                    "{dst} dev {} scope {}{mtu}",
+                    r["dev"].as_str().unwrap(),
+                    r["scope"].as_str().unwrap_or("?")
+                ),
+            }
+        })
+        .collect()
+}
+
+fn set(items: &[&str]) -> BTreeSet<String> {
+    items.iter().map(|s| s.to_string()).collect()
+}
+
+fn ipset_members(ns: &str, set: &str) -> BTreeSet<String> {
+    let out = run_in(ns, &["ipset", "list", set]);
+    out.lines()
+        .skip_while(|l| !l.starts_with("Members:"))
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| l.trim().to_string())
+        .collect()
+}
+
+fn ping(ns: &str, target: &str) -> bool {
+    let v6 = target.contains(':');
+    let mut args = vec!["ping", "-c", "3", "-i", "0.2", "-W", "2", target];
+    if v6 {
+        args.insert(1, "-6");
+    }
+    try_in(ns, &args).status.success()
+}
+
+#[test]
+fn exact_kernel_state_for_a_felix_scenario() {
+    if !can_run("exact_kernel_state_for_a_felix_scenario") {
+        return;
+    }
+    let cluster = running_cluster(3, &[], false);
+    let ns = &cluster.node(1).ns;
+
+    let dev = link(ns, "vxlan.calico");
+    assert_eq!(dev["address"], "66:aa:00:00:00:01");
+    assert_eq!(dev["mtu"], 1450);
+    assert!(dev["flags"].as_array().unwrap().iter().any(|f| f == "UP"));
+    let info = &dev["linkinfo"]["info_data"];
+    assert_eq!(info["id"], 4096);
+    assert_eq!(info["port"], 4789);
+    assert_eq!(info["local"], "192.168.10.1");
+    assert_eq!(info["link"], "eth0");
+    assert_eq!(info["learning"], false);
+    let addrs: Vec<String> = ip_json(ns, &["addr", "show", "dev", "vxlan.calico"])[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["scope"] != "link")
+        .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+        .collect();
+    assert_eq!(addrs, ["10.244.1.0/32"]);
+
+    let dev6 = link(ns, "vxlan-v6.calico");
+    assert_eq!(dev6["address"], "66:bb:00:00:00:01");
+    assert_eq!(dev6["mtu"], 1430);
+    assert_eq!(dev6["linkinfo"]["info_data"]["local"], "fd00:10::1");
+
+    assert_eq!(
+        routes(ns, "-4"),
+        set(&[
+            "blackhole 10.244.1.0/26",
+            "10.244.2.0/26 nhid via 10.244.2.0 dev vxlan.calico onlink mtu 1450",
+            "10.244.3.0/26 nhid via 10.244.3.0 dev vxlan.calico onlink mtu 1450",
+            "10.244.2.0 dev vxlan.calico scope link mtu 1450",
+            "10.244.3.0 dev vxlan.calico scope link mtu 1450",
+        ])
+    );
+    assert_eq!(
+        routes(ns, "-6"),
+        set(&[
+            "blackhole fd00:244:0:1::/122",
+            "fd00:244:0:2::/122 nhid via fd00:244:0:2:: dev vxlan-v6.calico onlink mtu 1430",
+            "fd00:244:0:3::/122 nhid via fd00:244:0:3:: dev vxlan-v6.calico onlink mtu 1430",
+            "fd00:244:0:2:: dev vxlan-v6.calico scope link mtu 1430",
+            "fd00:244:0:3:: dev vxlan-v6.calico scope link mtu 1430",
+        ])
+    );
+    let nexthops: BTreeSet<String> = ip_json(ns, &["nexthop", "show", "proto", "80"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            format!(
+                "{} {}",
+                n["gateway"].as_str().unwrap(),
+                n["dev"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        nexthops,
+        set(&[
+            "10.244.2.0 vxlan.calico",
+            "10.244.3.0 vxlan.calico",
+            "fd00:244:0:2:: vxlan-v6.calico",
+            "fd00:244:0:3:: vxlan-v6.calico",
+        ])
+    );
+    let neighbors: BTreeSet<String> = ip_json(ns, &["neigh", "show", "dev", "vxlan.calico"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let state = n["state"].as_array().unwrap();
+            assert!(state.iter().any(|s| s == "PERMANENT"), "{n}");
+            format!(
+                "{} {}",
+                n["dst"].as_str().unwrap(),
+                n["lladdr"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert_eq!(
+        neighbors,
+        set(&[
+            "10.244.2.0 66:aa:00:00:00:02",
+            "10.244.3.0 66:aa:00:00:00:03"
+        ])
+    );
+    let fdb: BTreeSet<String> = serde_json::from_str::<Value>(&run_in(
+        ns,
+        &["bridge", "-j", "fdb", "show", "dev", "vxlan.calico"],
+    ))
+    .unwrap()
+    .as_array()
+    .unwrap()
+    .iter()
+    .filter(|e| e["state"] == "permanent" && !e["dst"].is_null())
+    .map(|e| {
+        format!(
+            "{} {}",
+            e["mac"].as_str().unwrap(),
+            e["dst"].as_str().unwrap()
+        )
+    })
+    .collect();
+    assert_eq!(
+        fdb,
+        set(&[
+            "66:aa:00:00:00:02 192.168.10.2",
+            "66:aa:00:00:00:03 192.168.10.3"
+        ])
+    );
+    assert_eq!(
+        ipset_members(ns, "cali40all-vxlan-net"),
+        set(&["192.168.10.2", "192.168.10.3"])
+    );
+    assert_eq!(
+        ipset_members(ns, "cali60all-vxlan-net"),
+        set(&["fd00:10::2", "fd00:10::3"])
+    );
+}
+
+#[test]
+fn pods_ping_each_other_through_the_tunnel_v4_and_v6() {
+    if !can_run("pods_ping_each_other_through_the_tunnel_v4_and_v6") {
+        return;
+    }
+    let cluster = running_cluster(2, &[], false);
+    let (a, b) = (cluster.node(1), cluster.node(2));
+    for (dev, target) in [
+        ("vxlan.calico", b.pod_v4()),
+        ("vxlan-v6.calico", b.pod_v6()),
+    ] {
+        let sent = tx_packets(&a.ns, dev);
+        let received = rx_packets(&b.ns, dev);
+        assert!(
+            ping(&a.pod_ns(), &target),
+            "ping {target} from node-1's pod"
+        );
+        assert!(
+            tx_packets(&a.ns, dev) >= sent + 3,
+            "{dev} on node-1 encapsulated the echo requests"
+        );
+        assert!(
+            rx_packets(&b.ns, dev) >= received + 3,
+            "{dev} on node-2 decapsulated them"
+        );
+    }
+}
+
+#[test]
+fn same_subnet_routes_carry_traffic_without_encapsulation() {
+    if !can_run("same_subnet_routes_carry_traffic_without_encapsulation") {
+        return;
+    }
+    let cluster = running_cluster(2, &[], true);
+    let (a, b) = (cluster.node(1), cluster.node(2));
+    assert!(routes(&a.ns, "-4").contains("10.244.2.0/26 via 192.168.10.2 dev eth0 onlink"));
+    assert!(routes(&a.ns, "-6").contains("fd00:244:0:2::/122 via fd00:10::2 dev eth0 onlink"));
+    for (dev, target) in [
+        ("vxlan.calico", b.pod_v4()),
+        ("vxlan-v6.calico", b.pod_v6()),
+    ] {
+        let sent = tx_packets(&a.ns, dev);
+        assert!(ping(&a.pod_ns(), &target), "ping {target}");
+        assert_eq!(tx_packets(&a.ns, dev), sent, "{dev} carried nothing");
+    }
+}
+
+#[test]
+fn a_reconnect_with_a_smaller_world_sweeps_exactly_the_stale_objects() {
+    if !can_run("a_reconnect_with_a_smaller_world_sweeps_exactly_the_stale_objects") {
+        return;
+    }
+    let cluster = running_cluster(3, &[], false);
+    let a = cluster.node(1);
+    let mut monitor = Monitor::start(&a.ns, &["neigh"]);
+    a.replay_ok(
+        cluster.dir.path(),
+        "smaller",
+        &cluster.view_of(1, &[1, 2], false),
+    );
+    monitor.sync();
+    let deleted: BTreeSet<String> = monitor
+        .seen
+        .iter()
+        .filter(|l| l.starts_with("Deleted"))
+        .cloned()
+        .collect();
+    assert!(
+        deleted
+            .iter()
+            .all(|l| l.contains(".3.0") || l.contains(":3::") || l.contains("::3")),
+        "only node-3's objects go: {deleted:#?}"
+    );
+    assert!(
+        monitor.seen.iter().all(|l| l.starts_with("Deleted")),
+        "nothing is added or replaced: {:#?}",
+        monitor.seen
+    );
+    assert_eq!(
+        routes(&a.ns, "-4"),
+        set(&[
+            "blackhole 10.244.1.0/26",
+            "10.244.2.0/26 nhid via 10.244.2.0 dev vxlan.calico onlink mtu 1450",
+            "10.244.2.0 dev vxlan.calico scope link mtu 1450",
+        ])
+    );
+    assert_eq!(
+        ipset_members(&a.ns, "cali40all-vxlan-net"),
+        set(&["192.168.10.2"])
+    );
+    let neighbors = ip_json(&a.ns, &["neigh", "show", "dev", "vxlan.calico"]);
+    assert_eq!(neighbors.as_array().unwrap().len(), 1, "{neighbors}");
+    let nexthops = ip_json(&a.ns, &["nexthop", "show", "proto", "80"]);
+    assert_eq!(nexthops.as_array().unwrap().len(), 2, "{nexthops}");
+}
+
+#[test]
+fn a_restarted_daemon_deletes_and_re_adds_nothing() {
+    if !can_run("a_restarted_daemon_deletes_and_re_adds_nothing") {
+        return;
+    }
+    let mut cluster = running_cluster(2, &[], false);
+    let ns = cluster.node(1).ns.clone();
+    let before = routes(&ns, "-4");
+    let mut monitor = Monitor::start(&ns, &["neigh", "nexthop"]);
+    let status = cluster.node_mut(1).stop_daemon(libc::SIGTERM);
+    assert!(status.success(), "SIGTERM stops cleanly: {status}");
+    cluster.node_mut(1).start_daemon(&[]);
+    let view = cluster.view(1, false);
+    cluster
+        .node(1)
+        .replay_ok(cluster.dir.path(), "again", &view);
+    monitor.sync();
+    assert!(
+        monitor.seen.is_empty(),
+        "the restart changed the kernel: {:#?}",
+        monitor.seen
+    );
+    assert_eq!(routes(&ns, "-4"), before);
+}
+
+#[test]
+fn deleted_routes_neighbors_and_devices_come_back() {
+    if !can_run("deleted_routes_neighbors_and_devices_come_back") {
+        return;
+    }
+    let flags = [
+        "--route-refresh-interval",
+        "1",
+        "--device-check-interval",
+        "200ms",
+    ];
+    let cluster = running_cluster(2, &flags, false);
+    let ns = &cluster.node(1).ns;
+    let mut monitor = Monitor::start(ns, &["neigh", "link"]);
+
+    run_in(ns, &["ip", "route", "del", "10.244.2.0/26"]);
+    monitor.wait_for("the route re-added", WAIT, |l| {
+        l.starts_with("10.244.2.0/26") && l.contains("proto 80")
+    });
+
+    run_in(
+        ns,
+        &["ip", "neigh", "del", "10.244.2.0", "dev", "vxlan.calico"],
+    );
+    monitor.wait_for("the neighbour re-added", WAIT, |l| {
+        l.starts_with("10.244.2.0 dev vxlan.calico lladdr")
+    });
+
+    run_in(ns, &["ip", "link", "del", "vxlan.calico"]);
+    monitor.wait_for("the device re-created", WAIT, |l| {
+        !l.starts_with("Deleted") && l.contains("vxlan.calico:") && l.contains("state UNKNOWN")
+    });
+    monitor.wait_for("its routes re-added", WAIT, |l| {
+        l.starts_with("10.244.2.0/26") && l.contains("proto 80")
+    });
+    assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
+}
+
+#[test]
+fn a_vni_change_recreates_the_device() {
+    if !can_run("a_vni_change_recreates_the_device") {
+        return;
+    }
+    let cluster = running_cluster(2, &[], false);
+    let before = link(&cluster.node(1).ns, "vxlan.calico")["ifindex"].clone();
+    for i in 1..=2 {
+        let view: Vec<String> = cluster
+            .view(i, false)
+            .into_iter()
+            .map(|l| l.replace("\"VXLANVNI\": \"4096\"", "\"VXLANVNI\": \"5000\""))
+            .collect();
+        cluster.node(i).replay_ok(cluster.dir.path(), "vni", &view);
+    }
+    let after = link(&cluster.node(1).ns, "vxlan.calico");
+    assert_eq!(after["linkinfo"]["info_data"]["id"], 5000);
+    assert_ne!(after["ifindex"], before, "a new device");
+    assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
+}
+
+#[test]
+fn same_subnet_routes_follow_the_parent_address_to_another_interface() {
+    if !can_run("same_subnet_routes_follow_the_parent_address_to_another_interface") {
+        return;
+    }
+    let flags = ["--device-check-interval", "200ms"];
+    let cluster = running_cluster(2, &flags, true);
+    let a = cluster.node(1);
+    let mut monitor = Monitor::start(&a.ns, &[]);
+    // A second underlay interface takes over node-1's address.
+    let peer = format!("{}f1", cluster.prefix);
+    run(&[
+        "ip",
+        "-n",
+        &a.ns,
+        "link",
+        "add",
+        "eth1",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &peer,
+        "netns",
+        &cluster.underlay,
+    ]);
+    run_in(
+        &cluster.underlay,
+        &["ip", "link", "set", &peer, "master", "br0", "up"],
+    );
+    run_in(&a.ns, &["ip", "link", "set", "eth1", "up"]);
+    run_in(
+        &a.ns,
+        &["ip", "addr", "del", "192.168.10.1/24", "dev", "eth0"],
+    );
+    run_in(
+        &a.ns,
+        &["ip", "addr", "add", "192.168.10.1/24", "dev", "eth1"],
+    );
+    monitor.wait_for("the route moved to eth1", WAIT, |l| {
+        l.starts_with("10.244.2.0/26 via 192.168.10.2 dev eth1")
+    });
+    let info = &link(&a.ns, "vxlan.calico")["linkinfo"]["info_data"];
+    assert_eq!(info["link"], "eth1", "the device follows its parent");
+    assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v4()));
+}
