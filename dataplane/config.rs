@@ -196,7 +196,7 @@ pub fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
 /// Felix gives intervals in seconds; 0 turns the periodic refresh off.
 pub fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
     match v.parse::<f64>() {
-        Ok(s) if s == 0.0 => Ok(None),
+        Ok(0.0) => Ok(None),
         Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
         _ => Err("interval must be a number of seconds".into()),
     }

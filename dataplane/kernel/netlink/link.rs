@@ -98,6 +98,15 @@ impl NetlinkBackend {
         Ok(links)
     }
 
+    /// Whether a link with this index exists (as far as the kernel answers).
+    pub(super) async fn link_exists(&self, index: u32) -> bool {
+        let request = LinkUnspec::new_with_index(index).build();
+        !matches!(
+            self.rtnl.request(RouteNetlinkMessage::GetLink(request), 0).await,
+            Err(e) if e.is_missing_device()
+        )
+    }
+
     /// The link a get request (by name or index) finds, with its addresses
     /// and, for a VXLAN device, its TX checksum offload.
     async fn read_link(&self, request: LinkMessage) -> Result<Option<Link>, KernelError> {

@@ -213,13 +213,22 @@ impl NetlinkDeserializable for NexthopMessage {
 
 impl NetlinkBackend {
     pub(super) async fn replace_nexthop(&self, nexthop: &KernelNexthop) -> Result<(), KernelError> {
-        self.nexthops
+        let result = self
+            .nexthops
             .request(
                 NexthopMessage::replace(nexthop),
                 NLM_F_CREATE | NLM_F_REPLACE,
             )
-            .await
-            .map(drop)
+            .await;
+        match result {
+            Ok(_) => Ok(()),
+            // The kernel says EINVAL ("Invalid device index") where a route
+            // says ENODEV; a missing device is waited for, not retried.
+            Err(e) if e.errno == Some(libc::EINVAL) && !self.link_exists(nexthop.ifindex).await => {
+                Err(KernelError::from_errno(libc::ENODEV))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The kernel removes the routes using the nexthop with it.
