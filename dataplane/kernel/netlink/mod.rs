@@ -168,3 +168,19 @@ impl KernelBackend for NetlinkBackend {
         self.nexthops_supported().await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn opening_outside_a_tokio_runtime_is_an_error() {
+        let Err(error) = NetlinkBackend::new() else {
+            panic!("opened without a runtime to run the connections on");
+        };
+        assert!(
+            error.message.starts_with("opening netlink sockets"),
+            "{error}"
+        );
+    }
+}

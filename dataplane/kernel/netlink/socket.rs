@@ -61,6 +61,7 @@ where
     /// Opens a socket and runs its connection on the current tokio runtime,
     /// in the network namespace of the calling thread.
     pub fn open(filters: DumpFilters) -> io::Result<NetlinkSocket<T>> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
         let (mut connection, handle, _) = rtnetlink::proto::new_connection::<T>(NETLINK_ROUTE)?;
         let socket = connection.socket_mut().socket_mut();
         socket.set_ext_ack(true)?;
@@ -77,7 +78,7 @@ where
         // like one that succeeded.
         connection.set_forward_ack(true);
         connection.set_forward_done(true);
-        tokio::spawn(connection);
+        runtime.spawn(connection);
         Ok(NetlinkSocket {
             handle,
             dumping: Mutex::new(()),
