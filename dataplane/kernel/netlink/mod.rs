@@ -57,7 +57,7 @@ impl NetlinkBackend {
         };
         opened().map_err(|e| KernelError {
             errno: e.raw_os_error(),
-            message: format!("opening netlink sockets: {e}"),
+            message: format!("opening kernel sockets: {e}"),
         })
     }
 
@@ -179,7 +179,7 @@ mod tests {
             panic!("opened without a runtime to run the connections on");
         };
         assert!(
-            error.message.starts_with("opening netlink sockets"),
+            error.message.starts_with("opening kernel sockets"),
             "{error}"
         );
     }
