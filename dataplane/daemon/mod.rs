@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use crate::config::{Config, SettingsLayer};
 use crate::kernel::KernelBackend;
 use crate::kernel::memory::MemoryBackend;
+use crate::kernel::netlink::NetlinkBackend;
 use crate::manager::Manager;
 use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
 use crate::server::{self, DataplaneService, socket::SocketError};
@@ -88,10 +89,11 @@ pub async fn run(
             )
             .await
         }
-        KernelKind::Netlink => Err(DaemonError::Backend(
-            "netlink",
-            "not implemented yet".to_string(),
-        )),
+        KernelKind::Netlink => {
+            let backend =
+                NetlinkBackend::new().map_err(|e| DaemonError::Backend("netlink", e.message))?;
+            run_with_backend(backend, options, shutdown).await
+        }
     }
 }
 

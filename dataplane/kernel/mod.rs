@@ -3,6 +3,7 @@
 //! operation, for kernel-free tests and `--kernel memory`.
 
 pub mod memory;
+pub mod netlink;
 pub mod objects;
 
 use std::future::Future;
