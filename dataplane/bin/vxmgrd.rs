@@ -47,8 +47,8 @@ struct Cli {
     heartbeat_interval: Duration,
     /// Interval of full resyncs with the kernel, in seconds; 0 turns them off
     /// [default: 90, or the calc process's RouteRefreshInterval].
-    #[arg(long, env = "VXMGR_ROUTE_REFRESH_INTERVAL", value_parser = config::parse_refresh_seconds)]
-    route_refresh_interval: Option<Option<Duration>>,
+    #[arg(long, env = "VXMGR_ROUTE_REFRESH_INTERVAL", value_parser = |v: &str| config::parse_refresh_seconds(v).map(Setting))]
+    route_refresh_interval: Option<Setting<Duration>>,
     /// Interval of the VXLAN device check (repairs a deleted or changed device).
     #[arg(long, env = "VXMGR_DEVICE_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
     device_check_interval: Duration,
@@ -59,11 +59,11 @@ struct Cli {
     #[arg(long, env = "VXMGR_VXLAN_PORT", value_parser = config::parse_port)]
     vxlan_port: Option<u16>,
     /// IPv4 device MTU; 0: parent interface MTU − 50 [default: 0, or the calc's VXLANMTU].
-    #[arg(long, env = "VXMGR_VXLAN_MTU", value_parser = config::parse_mtu_v4)]
-    vxlan_mtu: Option<Option<u32>>,
+    #[arg(long, env = "VXMGR_VXLAN_MTU", value_parser = |v: &str| config::parse_mtu_v4(v).map(Setting))]
+    vxlan_mtu: Option<Setting<u32>>,
     /// IPv6 device MTU; 0: parent interface MTU − 70 [default: 0, or the calc's VXLANMTUV6].
-    #[arg(long, env = "VXMGR_VXLAN_MTU_V6", value_parser = config::parse_mtu_v6)]
-    vxlan_mtu_v6: Option<Option<u32>>,
+    #[arg(long, env = "VXMGR_VXLAN_MTU_V6", value_parser = |v: &str| config::parse_mtu_v6(v).map(Setting))]
+    vxlan_mtu_v6: Option<Setting<u32>>,
     /// Protocol number of vxmgr's routes [default: 80, or the calc's DeviceRouteProtocol].
     #[arg(long, env = "VXMGR_ROUTE_PROTOCOL", value_parser = config::parse_protocol)]
     route_protocol: Option<u8>,
@@ -88,6 +88,11 @@ struct Cli {
     #[arg(long, env = "VXMGR_LOG", default_value = "info")]
     log: String,
 }
+
+/// A setting whose value may be "automatic" or "off" (`None`). Wrapped so
+/// that clap does not read `Option<Option<T>>` as a flag with an optional value.
+#[derive(Clone, Debug)]
+struct Setting<T>(Option<T>);
 
 impl Cli {
     fn into_options(self) -> anyhow::Result<DaemonOptions> {
@@ -118,11 +123,11 @@ impl Cli {
             flags: SettingsLayer {
                 vni: self.vxlan_vni,
                 port: self.vxlan_port,
-                mtu_v4: self.vxlan_mtu,
-                mtu_v6: self.vxlan_mtu_v6,
+                mtu_v4: self.vxlan_mtu.map(|s| s.0),
+                mtu_v6: self.vxlan_mtu_v6.map(|s| s.0),
                 route_protocol: self.route_protocol,
                 external_nodes,
-                route_refresh_interval: self.route_refresh_interval,
+                route_refresh_interval: self.route_refresh_interval.map(|s| s.0),
             },
             record: self.record,
         })

@@ -47,6 +47,11 @@ pub fn run_in(ns: &str, args: &[&str]) -> String {
     run(&full)
 }
 
+/// Runs a whitespace-separated command inside namespace `ns`.
+pub fn sh(ns: &str, command: &str) -> String {
+    run_in(ns, &command.split_whitespace().collect::<Vec<_>>())
+}
+
 /// Like `run_in` but returns the output whatever the exit status.
 pub fn try_in(ns: &str, args: &[&str]) -> Output {
     Command::new("ip")
@@ -244,9 +249,9 @@ impl Cluster {
             dir,
         };
         run(&["ip", "netns", "add", &underlay]);
-        run_in(&underlay, &["ip", "link", "set", "lo", "up"]);
-        run_in(&underlay, &["ip", "link", "add", "br0", "type", "bridge"]);
-        run_in(&underlay, &["ip", "link", "set", "br0", "up"]);
+        sh(&underlay, "ip link set lo up");
+        sh(&underlay, "ip link add br0 type bridge");
+        sh(&underlay, "ip link set br0 up");
         for index in 1..=n {
             let node = cluster.add_node(index);
             cluster.nodes.push(node);
@@ -265,118 +270,62 @@ impl Cluster {
             log: self.dir.path().join(format!("node-{index}.log")),
         };
         run(&["ip", "netns", "add", &ns]);
-        run_in(&ns, &["ip", "link", "set", "lo", "up"]);
-        for sysctl in [
-            "net.ipv4.ip_forward=1",
-            "net.ipv6.conf.all.forwarding=1",
-            "net.ipv6.conf.all.accept_dad=0",
-            "net.ipv6.conf.default.accept_dad=0",
-        ] {
-            run_in(&ns, &["sysctl", "-q", "-w", sysctl]);
-        }
+        sh(&ns, "ip link set lo up");
+        sh(
+            &ns,
+            "sysctl -q -w net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
+        );
+        sh(
+            &ns,
+            "sysctl -q -w net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0",
+        );
         // Underlay: eth0 in the node, its peer on the bridge.
         let peer = format!("{}e{index}", self.prefix);
-        run(&[
-            "ip",
-            "-n",
+        sh(
             &ns,
-            "link",
-            "add",
-            "eth0",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &peer,
-            "netns",
-            &self.underlay,
-        ]);
-        run_in(
-            &self.underlay,
-            &["ip", "link", "set", &peer, "master", "br0", "up"],
+            &format!(
+                "ip link add eth0 type veth peer name {peer} netns {}",
+                self.underlay
+            ),
         );
-        let v4 = format!("{}/24", node.underlay_v4());
-        let v6 = format!("{}/64", node.underlay_v6());
-        run_in(&ns, &["ip", "addr", "add", &v4, "dev", "eth0"]);
-        run_in(
+        sh(&self.underlay, &format!("ip link set {peer} master br0 up"));
+        sh(
             &ns,
-            &["ip", "-6", "addr", "add", &v6, "dev", "eth0", "nodad"],
+            &format!("ip addr add {}/24 dev eth0", node.underlay_v4()),
         );
-        run_in(&ns, &["ip", "link", "set", "eth0", "up"]);
+        sh(
+            &ns,
+            &format!("ip -6 addr add {}/64 dev eth0 nodad", node.underlay_v6()),
+        );
+        sh(&ns, "ip link set eth0 up");
 
         // One workload, routed like a Calico pod: a /32 (/128) to it on the
-        // node, a default route to a link-local gateway answered by proxy ARP.
+        // node; its IPv4 default route is on-link, answered by the node's
+        // proxy ARP, its IPv6 one goes to the node's link-local address.
         let pod = node.pod_ns();
         run(&["ip", "netns", "add", &pod]);
-        run_in(&pod, &["ip", "link", "set", "lo", "up"]);
-        run_in(
-            &pod,
-            &["sysctl", "-q", "-w", "net.ipv6.conf.all.accept_dad=0"],
-        );
-        run(&[
-            "ip", "-n", &ns, "link", "add", "cali0", "type", "veth", "peer", "name", "eth0",
-            "netns", &pod,
-        ]);
-        run_in(
+        sh(&pod, "ip link set lo up");
+        sh(&pod, "sysctl -q -w net.ipv6.conf.all.accept_dad=0");
+        sh(
             &ns,
-            &["sysctl", "-q", "-w", "net.ipv4.conf.cali0.proxy_arp=1"],
+            &format!("ip link add cali0 type veth peer name eth0 netns {pod}"),
         );
-        run_in(&ns, &["ip", "link", "set", "cali0", "up"]);
-        run_in(
+        sh(&ns, "sysctl -q -w net.ipv4.conf.cali0.proxy_arp=1");
+        sh(&ns, "ip link set cali0 up");
+        sh(&ns, "ip -6 addr add fe80::1/64 dev cali0 nodad");
+        sh(&pod, &format!("ip addr add {}/32 dev eth0", node.pod_v4()));
+        sh(
+            &pod,
+            &format!("ip -6 addr add {}/128 dev eth0 nodad", node.pod_v6()),
+        );
+        sh(&pod, "ip link set eth0 up");
+        sh(&pod, "ip route add default dev eth0 scope link");
+        sh(&pod, "ip -6 route add default via fe80::1 dev eth0");
+        sh(&ns, &format!("ip route add {}/32 dev cali0", node.pod_v4()));
+        sh(
             &ns,
-            &[
-                "ip",
-                "-6",
-                "addr",
-                "add",
-                "fe80::1/64",
-                "dev",
-                "cali0",
-                "nodad",
-            ],
+            &format!("ip -6 route add {}/128 dev cali0", node.pod_v6()),
         );
-        let pod_v4 = format!("{}/32", node.pod_v4());
-        let pod_v6 = format!("{}/128", node.pod_v6());
-        run_in(&pod, &["ip", "addr", "add", &pod_v4, "dev", "eth0"]);
-        run_in(
-            &pod,
-            &["ip", "-6", "addr", "add", &pod_v6, "dev", "eth0", "nodad"],
-        );
-        run_in(&pod, &["ip", "link", "set", "eth0", "up"]);
-        run_in(
-            &pod,
-            &[
-                "ip",
-                "route",
-                "add",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-                "scope",
-                "link",
-            ],
-        );
-        run_in(
-            &pod,
-            &[
-                "ip",
-                "route",
-                "add",
-                "default",
-                "via",
-                "169.254.1.1",
-                "dev",
-                "eth0",
-            ],
-        );
-        run_in(
-            &pod,
-            &[
-                "ip", "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
-            ],
-        );
-        run_in(&ns, &["ip", "route", "add", &pod_v4, "dev", "cali0"]);
-        run_in(&ns, &["ip", "-6", "route", "add", &pod_v6, "dev", "cali0"]);
         node
     }
 
@@ -462,6 +411,16 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
+        if std::env::var_os("VXMGR_KEEP_NETNS").is_some_and(|v| v == "1") {
+            eprintln!(
+                "VXMGR_KEEP_NETNS=1: keeping namespaces {}* and {}",
+                self.prefix,
+                std::mem::replace(&mut self.dir, tempfile::tempdir().expect("temp dir"))
+                    .keep()
+                    .display()
+            );
+            return;
+        }
         for node in &mut self.nodes {
             if let Some(mut child) = node.daemon.take() {
                 let _ = child.kill();
