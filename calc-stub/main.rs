@@ -1,6 +1,7 @@
 //! calc-stub: stands in for the calc process. Replays recorded message
 //! streams into vxmgrd and generates synthetic clusters.
 
+mod demo;
 mod generate;
 mod replay;
 
@@ -27,6 +28,9 @@ enum Command {
     Replay(replay::ReplayArgs),
     /// Write a synthetic cluster, as one node sees it, as JSON lines.
     Generate(generate::GenerateArgs),
+    /// Two nodes in network namespaces with vxmgrd on each, pod-to-pod ping
+    /// over VXLAN, the kernel state shown, then torn down (needs root).
+    Demo(demo::DemoArgs),
 }
 
 /// Failures that stop calc-stub before it has a verdict (exit 2).
@@ -51,6 +55,7 @@ async fn main() -> ExitCode {
     let result = match cli.command {
         Command::Replay(args) => replay::run(args).await,
         Command::Generate(args) => generate::run(args),
+        Command::Demo(args) => demo::run(args),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -10,4 +10,5 @@ pub mod manager;
 pub mod model;
 pub mod reconciler;
 pub mod server;
+pub mod testbed;
 pub mod wire;

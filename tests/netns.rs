@@ -8,21 +8,24 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::netns::{Cluster, Monitor, can_run, ip_json, run, run_in, try_in};
+use support::netns::{can_run, cluster};
+use vxmgr::testbed::{self, Cluster, Monitor};
 
 const WAIT: Duration = Duration::from_secs(20);
 
 /// A cluster of `n` nodes, each running vxmgrd with `flags` and fed its view.
 fn running_cluster(n: u8, flags: &[&str], same_subnet: bool) -> Cluster {
-    let mut cluster = Cluster::new(n);
-    for i in 1..=n {
-        cluster.node_mut(i).start_daemon(flags);
-    }
-    for i in 1..=n {
-        let view = cluster.view(i, same_subnet);
-        cluster.node(i).replay_ok(cluster.dir.path(), "view", &view);
-    }
+    let mut cluster = cluster(n);
+    cluster.start_all(flags, same_subnet).unwrap();
     cluster
+}
+
+fn ip_json(ns: &str, args: &[&str]) -> Value {
+    testbed::ip_json(ns, args).unwrap()
+}
+
+fn run_in(ns: &str, args: &[&str]) -> String {
+    testbed::run_in(ns, args).unwrap()
 }
 
 fn link(ns: &str, name: &str) -> Value {
@@ -99,7 +102,7 @@ fn ping(ns: &str, target: &str) -> bool {
     if v6 {
         args.insert(1, "-6");
     }
-    try_in(ns, &args).status.success()
+    testbed::try_in(ns, &args).unwrap().status.success()
 }
 
 #[test]
@@ -284,13 +287,10 @@ fn a_reconnect_with_a_smaller_world_sweeps_exactly_the_stale_objects() {
     }
     let cluster = running_cluster(3, &[], false);
     let a = cluster.node(1);
-    let mut monitor = Monitor::start(&a.ns, &["neigh"]);
-    a.replay_ok(
-        cluster.dir.path(),
-        "smaller",
-        &cluster.view_of(1, &[1, 2], false),
-    );
-    monitor.sync();
+    let mut monitor = Monitor::start(&a.ns, &["neigh"]).unwrap();
+    a.replay_ok(&cluster.dir, "smaller", &cluster.view_of(1, &[1, 2], false))
+        .unwrap();
+    monitor.sync().unwrap();
     let deleted: BTreeSet<String> = monitor
         .seen
         .iter()
@@ -346,15 +346,16 @@ fn a_restarted_daemon_deletes_and_re_adds_nothing() {
     let mut cluster = running_cluster(2, &[], false);
     let ns = cluster.node(1).ns.clone();
     let before = routes(&ns, "-4");
-    let mut monitor = Monitor::start(&ns, &["neigh", "nexthop"]);
-    let status = cluster.node_mut(1).stop_daemon(libc::SIGTERM);
+    let mut monitor = Monitor::start(&ns, &["neigh", "nexthop"]).unwrap();
+    let status = cluster.node_mut(1).stop_daemon(libc::SIGTERM).unwrap();
     assert!(status.success(), "SIGTERM stops cleanly: {status}");
-    cluster.node_mut(1).start_daemon(&[]);
+    cluster.node_mut(1).start_daemon(&[]).unwrap();
     let view = cluster.view(1, false);
     cluster
         .node(1)
-        .replay_ok(cluster.dir.path(), "again", &view);
-    monitor.sync();
+        .replay_ok(&cluster.dir, "again", &view)
+        .unwrap();
+    monitor.sync().unwrap();
     assert!(
         monitor.seen.is_empty(),
         "the restart changed the kernel: {:#?}",
@@ -376,28 +377,33 @@ fn deleted_routes_neighbors_and_devices_come_back() {
     ];
     let cluster = running_cluster(2, &flags, false);
     let ns = &cluster.node(1).ns;
-    let mut monitor = Monitor::start(ns, &["neigh", "link"]);
+    let mut monitor = Monitor::start(ns, &["neigh", "link"]).unwrap();
 
     run_in(ns, &["ip", "route", "del", "10.244.2.0/26"]);
-    monitor.wait_for("the route re-added", WAIT, |l| {
-        l.starts_with("10.244.2.0/26") && l.contains("proto 80")
-    });
+    monitor
+        .wait_for("the route re-added", WAIT, |l| {
+            l.starts_with("10.244.2.0/26") && l.contains("proto 80")
+        })
+        .unwrap();
 
-    run_in(
-        ns,
-        &["ip", "neigh", "del", "10.244.2.0", "dev", "vxlan.calico"],
-    );
-    monitor.wait_for("the neighbour re-added", WAIT, |l| {
-        l.starts_with("10.244.2.0 dev vxlan.calico lladdr")
-    });
+    testbed::sh(ns, "ip neigh del 10.244.2.0 dev vxlan.calico").unwrap();
+    monitor
+        .wait_for("the neighbour re-added", WAIT, |l| {
+            l.starts_with("10.244.2.0 dev vxlan.calico lladdr")
+        })
+        .unwrap();
 
     run_in(ns, &["ip", "link", "del", "vxlan.calico"]);
-    monitor.wait_for("the device re-created", WAIT, |l| {
-        !l.starts_with("Deleted") && l.contains("vxlan.calico:") && l.contains("state UNKNOWN")
-    });
-    monitor.wait_for("its routes re-added", WAIT, |l| {
-        l.starts_with("10.244.2.0/26") && l.contains("proto 80")
-    });
+    monitor
+        .wait_for("the device re-created", WAIT, |l| {
+            !l.starts_with("Deleted") && l.contains("vxlan.calico:") && l.contains("state UNKNOWN")
+        })
+        .unwrap();
+    monitor
+        .wait_for("its routes re-added", WAIT, |l| {
+            l.starts_with("10.244.2.0/26") && l.contains("proto 80")
+        })
+        .unwrap();
     assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
 }
 
@@ -414,7 +420,10 @@ fn a_vni_change_recreates_the_device() {
             .into_iter()
             .map(|l| l.replace("\"VXLANVNI\": \"4096\"", "\"VXLANVNI\": \"5000\""))
             .collect();
-        cluster.node(i).replay_ok(cluster.dir.path(), "vni", &view);
+        cluster
+            .node(i)
+            .replay_ok(&cluster.dir, "vni", &view)
+            .unwrap();
     }
     let after = link(&cluster.node(1).ns, "vxlan.calico");
     assert_eq!(after["linkinfo"]["info_data"]["id"], 5000);
@@ -430,40 +439,17 @@ fn same_subnet_routes_follow_the_parent_address_to_another_interface() {
     let flags = ["--device-check-interval", "200ms"];
     let cluster = running_cluster(2, &flags, true);
     let a = cluster.node(1);
-    let mut monitor = Monitor::start(&a.ns, &[]);
+    let mut monitor = Monitor::start(&a.ns, &[]).unwrap();
     // A second underlay interface takes over node-1's address.
     let peer = format!("{}f1", cluster.prefix);
-    run(&[
-        "ip",
-        "-n",
-        &a.ns,
-        "link",
-        "add",
-        "eth1",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &peer,
-        "netns",
-        &cluster.underlay,
-    ]);
-    run_in(
-        &cluster.underlay,
-        &["ip", "link", "set", &peer, "master", "br0", "up"],
-    );
-    run_in(&a.ns, &["ip", "link", "set", "eth1", "up"]);
-    run_in(
-        &a.ns,
-        &["ip", "addr", "del", "192.168.10.1/24", "dev", "eth0"],
-    );
-    run_in(
-        &a.ns,
-        &["ip", "addr", "add", "192.168.10.1/24", "dev", "eth1"],
-    );
-    monitor.wait_for("the route moved to eth1", WAIT, |l| {
-        l.starts_with("10.244.2.0/26 via 192.168.10.2 dev eth1")
-    });
+    cluster.add_underlay_link(&a.ns, "eth1", &peer).unwrap();
+    testbed::sh(&a.ns, "ip addr del 192.168.10.1/24 dev eth0").unwrap();
+    testbed::sh(&a.ns, "ip addr add 192.168.10.1/24 dev eth1").unwrap();
+    monitor
+        .wait_for("the route moved to eth1", WAIT, |l| {
+            l.starts_with("10.244.2.0/26 via 192.168.10.2 dev eth1")
+        })
+        .unwrap();
     let info = &link(&a.ns, "vxlan.calico")["linkinfo"]["info_data"];
     assert_eq!(info["link"], "eth1", "the device follows its parent");
     assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v4()));

@@ -1,0 +1,110 @@
+//! A testbed of network namespaces: a small cluster with an underlay
+//! bridge, node namespaces with a veth `eth0` on it, workload namespaces
+//! attached to their node, and a real vxmgrd in each node namespace. The
+//! namespace tests, the benchmarks and `calc-stub demo` all build on it.
+//! Needs root.
+
+mod cluster;
+mod monitor;
+
+use std::io;
+use std::process::{Command, Output};
+
+pub use cluster::{Binaries, Cluster, Node};
+pub use monitor::Monitor;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TestbedError {
+    #[error("running {command}: {source}")]
+    Spawn { command: String, source: io::Error },
+    #[error("{command} failed ({status}):\n{output}")]
+    Failed {
+        command: String,
+        status: std::process::ExitStatus,
+        output: String,
+    },
+    #[error("{command}: unreadable output: {reason}")]
+    Output { command: String, reason: String },
+    #[error("{node}: vxmgrd did not start:\n{log}")]
+    DaemonStart { node: String, log: String },
+    #[error("no {what} within {timeout:?}; saw:\n{seen}")]
+    Timeout {
+        what: String,
+        timeout: std::time::Duration,
+        seen: String,
+    },
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+pub type Result<T> = std::result::Result<T, TestbedError>;
+
+fn describe(args: &[&str]) -> String {
+    args.join(" ")
+}
+
+/// Runs a command; its standard output, or an error with everything it printed.
+pub fn run(args: &[&str]) -> Result<String> {
+    let output = try_run(args)?;
+    if !output.status.success() {
+        return Err(TestbedError::Failed {
+            command: describe(args),
+            status: output.status,
+            output: format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        });
+    }
+    String::from_utf8(output.stdout).map_err(|e| TestbedError::Output {
+        command: describe(args),
+        reason: e.to_string(),
+    })
+}
+
+/// Runs a command whatever its exit status.
+pub fn try_run(args: &[&str]) -> Result<Output> {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .map_err(|source| TestbedError::Spawn {
+            command: describe(args),
+            source,
+        })
+}
+
+fn in_ns<'a>(ns: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut full = vec!["ip", "netns", "exec", ns];
+    full.extend_from_slice(args);
+    full
+}
+
+/// Runs a command inside namespace `ns`.
+pub fn run_in(ns: &str, args: &[&str]) -> Result<String> {
+    run(&in_ns(ns, args))
+}
+
+/// Runs a whitespace-separated command inside namespace `ns`.
+pub fn sh(ns: &str, command: &str) -> Result<String> {
+    run_in(ns, &command.split_whitespace().collect::<Vec<_>>())
+}
+
+/// Runs a command inside namespace `ns` whatever its exit status.
+pub fn try_in(ns: &str, args: &[&str]) -> Result<Output> {
+    try_run(&in_ns(ns, args))
+}
+
+/// `ip -j ...` in a namespace, parsed.
+pub fn ip_json(ns: &str, args: &[&str]) -> Result<serde_json::Value> {
+    let mut full = vec!["ip", "-n", ns, "-j"];
+    full.extend_from_slice(args);
+    let text = run(&full)?;
+    if text.trim().is_empty() {
+        return Ok(serde_json::Value::Array(Vec::new()));
+    }
+    serde_json::from_str(&text).map_err(|e| TestbedError::Output {
+        command: describe(&full),
+        reason: format!("{e}: {text}"),
+    })
+}

@@ -1,0 +1,103 @@
+//! `ip monitor` in a namespace, read line by line on a thread, so a caller
+//! can wait for the kernel to report a change instead of sleeping.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::{Result, TestbedError, run};
+
+/// A route only the monitor uses, to know it has seen everything before it.
+const MARKER: &str = "198.51.100.77";
+
+pub struct Monitor {
+    ns: String,
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    /// Every change reported so far.
+    pub seen: Vec<String>,
+}
+
+impl Monitor {
+    /// Starts `ip -n <ns> monitor route <objects>` and waits until it listens.
+    pub fn start(ns: &str, objects: &[&str]) -> Result<Monitor> {
+        let mut child = Command::new("ip")
+            .args(["-n", ns, "monitor", "route"])
+            .args(objects)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|source| TestbedError::Spawn {
+                command: format!("ip -n {ns} monitor"),
+                source,
+            })?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut monitor = Monitor {
+            ns: ns.to_string(),
+            child,
+            lines,
+            seen: Vec::new(),
+        };
+        monitor.sync()?;
+        monitor.seen.clear();
+        Ok(monitor)
+    }
+
+    /// Makes a change of its own and waits for it: every change the kernel
+    /// reported before is then in `seen`.
+    pub fn sync(&mut self) -> Result<()> {
+        let marker = format!("{MARKER}/32");
+        run(&["ip", "-n", &self.ns, "route", "add", &marker, "dev", "lo"])?;
+        run(&["ip", "-n", &self.ns, "route", "del", &marker, "dev", "lo"])?;
+        self.wait_for("the monitor's own marker", Duration::from_secs(30), |l| {
+            l.starts_with("Deleted") && l.contains(MARKER)
+        })?;
+        self.seen.retain(|l| !l.contains(MARKER));
+        Ok(())
+    }
+
+    /// Waits for a reported line matching `want`.
+    pub fn wait_for(
+        &mut self,
+        what: &str,
+        timeout: Duration,
+        want: impl Fn(&str) -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let hit = want(&line);
+                    self.seen.push(line);
+                    if hit {
+                        return Ok(());
+                    }
+                }
+                Err(_) => {
+                    return Err(TestbedError::Timeout {
+                        what: what.to_string(),
+                        timeout,
+                        seen: self.seen.join("\n"),
+                    });
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
