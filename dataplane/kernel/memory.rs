@@ -3,7 +3,9 @@
 //! EEXIST/ENODEV/ENOENT), held in maps, with every operation recorded.
 //! Clones share one kernel, so a test can inspect what the daemon did.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
+
+use foldhash::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -5,7 +5,7 @@
 //! `desired_*` function of the current intent, which the full snapshot for
 //! GetState uses too, so the delta and the snapshot cannot disagree.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::net::IpAddr;
 use std::sync::Arc;
 

@@ -9,7 +9,7 @@ mod table;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet, HashSetExt};
 use std::net::IpAddr;
 use std::time::Instant;
 
@@ -25,7 +25,7 @@ use crate::kernel::objects::{
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
 use nexthops::NexthopIds;
-use table::{Effect, Planned, Programmable, RenderContext, Table};
+use table::{Effect, Plan, Programmable, RenderContext, Table};
 
 /// Whether tunnel routes use nexthop objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -261,7 +261,7 @@ impl<B: KernelBackend> Reconciler<B> {
         if request.in_sync && !self.sweep {
             info!("stream in sync: removing objects it did not declare");
             self.sweep = true;
-            self.mark_all_pending();
+            self.mark_stale();
         }
         let mut report = Report::default();
         self.pass(&mut report).await;
@@ -283,10 +283,20 @@ impl<B: KernelBackend> Reconciler<B> {
         (report, parents)
     }
 
-    fn mark_all_pending(&mut self) {
+    /// Everything in the kernel that nothing wants is to be deleted.
+    fn mark_stale(&mut self) {
         for slot in &mut self.devices {
             slot.dirty = true;
         }
+        self.nexthops.mark_stale();
+        self.routes.mark_stale();
+        self.neighbors.mark_stale();
+        self.fdb.mark_stale();
+        self.ipset.mark_stale();
+    }
+
+    /// Every wanted object is to be checked again.
+    fn mark_all_pending(&mut self) {
         self.nexthops.mark_all_pending();
         self.routes.mark_all_pending();
         self.neighbors.mark_all_pending();
@@ -517,8 +527,8 @@ impl<B: KernelBackend> Reconciler<B> {
     /// adds and deletes, or a full replace when the set is missing.
     async fn sync_ipsets(&mut self, report: &mut Report) {
         let ctx = Context::new(&self.devices, &self.nexthop_ids, None, false);
-        let mut planned = self.ipset.plan_upserts(&ctx);
-        planned.extend(self.ipset.plan_deletes(self.sweep));
+        let mut planned = self.ipset.plan_upserts(&ctx).entries;
+        planned.extend(self.ipset.plan_deletes(self.sweep).entries);
         for family in Family::ALL {
             let name = family.ipset_name();
             let (mine, rest): (Vec<_>, Vec<_>) = planned
@@ -693,24 +703,22 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 }
 
-/// Applies one table's planned operations in one pipelined call and
-/// records the outcomes.
-/// Returns the keys whose objects were removed.
+/// Applies one table's plan in one pipelined call and records the
+/// outcomes. Returns the keys whose objects were removed.
 async fn execute<B: KernelBackend, D: Programmable>(
     backend: &mut B,
     table: &mut Table<D>,
-    planned: Vec<Planned<D>>,
+    plan: Plan<D>,
     report: &mut Report,
 ) -> Vec<D::Key> {
     let mut removed = Vec::new();
-    if planned.is_empty() {
+    if plan.is_empty() {
         return removed;
     }
-    let ops: Vec<KernelOp> = planned.iter().map(|p| p.op.clone()).collect();
-    let results = backend.apply(&ops).await;
+    let results = backend.apply(&plan.ops).await;
     let now = Instant::now();
-    report.operations += ops.len() as u32;
-    for (p, result) in planned.into_iter().zip(results) {
+    report.operations += plan.ops.len() as u32;
+    for (p, result) in plan.entries.into_iter().zip(results) {
         let result = if p.effect == Effect::Removed {
             ignore_missing(result)
         } else {
@@ -718,13 +726,13 @@ async fn execute<B: KernelBackend, D: Programmable>(
         };
         match &result {
             Ok(()) => {
-                debug!(change = %p.what, "kernel");
+                debug!(change = %table.describe(&p), "kernel");
                 report.count(p.effect);
                 if p.effect == Effect::Removed {
                     removed.push(p.key.clone());
                 }
             }
-            Err(e) => report.fail(p.what.clone(), e),
+            Err(e) => report.fail(table.describe(&p), e),
         }
         table.record(p, result, now);
     }

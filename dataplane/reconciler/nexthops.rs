@@ -2,7 +2,7 @@
 //! adopted by the node whose gateway they already point at, so a restart
 //! re-uses them instead of rewriting every route.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 
 use crate::desired::{NexthopKey, TunnelNexthop};
 use crate::kernel::objects::KernelNexthop;

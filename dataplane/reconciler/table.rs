@@ -2,22 +2,24 @@
 //! takes one to the other. Routes, nexthops, neighbours, FDB entries and
 //! ipset members all go through this one piece of code.
 
-use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use crate::desired::{Change, Desired};
+use foldhash::{HashMap, HashSet};
+
+use crate::desired::{Change, Desired, NexthopKey};
 use crate::kernel::KernelError;
 use crate::kernel::objects::KernelOp;
+use crate::model::Family;
 
 /// Interface indexes and nexthop ids a desired object needs to be rendered
 /// into its kernel form.
 pub trait RenderContext {
-    fn device_index(&self, family: crate::model::Family) -> Option<u32>;
+    fn device_index(&self, family: Family) -> Option<u32>;
     /// The id assigned to a node's nexthop.
-    fn nexthop_id(&self, key: &crate::desired::NexthopKey) -> Option<u32>;
+    fn nexthop_id(&self, key: &NexthopKey) -> Option<u32>;
     /// The id of a node's nexthop once it is in the kernel.
-    fn programmed_nexthop(&self, key: &crate::desired::NexthopKey) -> Option<u32>;
+    fn programmed_nexthop(&self, key: &NexthopKey) -> Option<u32>;
     fn use_nexthops(&self) -> bool;
 }
 
@@ -37,15 +39,38 @@ pub enum Effect {
     Removed,
 }
 
-/// One kernel operation the table wants, and what it means for the table.
+/// What one planned operation means for the table.
 pub struct Planned<D: Programmable> {
     pub key: D::Key,
-    pub op: KernelOp,
     pub effect: Effect,
     /// The actual state once the operation succeeds.
     pub after: Option<D::Kernel>,
-    /// "adding route 10.0.1.0/26 via ...", for errors and logs.
-    pub what: String,
+}
+
+/// Kernel operations, and what each means for the table (same order).
+pub struct Plan<D: Programmable> {
+    pub ops: Vec<KernelOp>,
+    pub entries: Vec<Planned<D>>,
+}
+
+impl<D: Programmable> Default for Plan<D> {
+    fn default() -> Self {
+        Plan {
+            ops: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
+}
+
+impl<D: Programmable> Plan<D> {
+    fn push(&mut self, op: KernelOp, planned: Planned<D>) {
+        self.ops.push(op);
+        self.entries.push(planned);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
 }
 
 /// A failed object waiting for its retry.
@@ -63,18 +88,21 @@ const MAX_RETRY: Duration = Duration::from_secs(30);
 pub struct Table<D: Programmable> {
     pub desired: HashMap<D::Key, D>,
     pub actual: HashMap<D::Key, D::Kernel>,
-    /// Keys that may need an operation.
+    /// Keys that may need an add or a change.
     pending: HashSet<D::Key>,
+    /// Keys nothing wants that may still be in the kernel.
+    stale: HashSet<D::Key>,
     failed: HashMap<D::Key, Failure>,
 }
 
 impl<D: Programmable> Default for Table<D> {
     fn default() -> Self {
         Table {
-            desired: HashMap::new(),
-            actual: HashMap::new(),
-            pending: HashSet::new(),
-            failed: HashMap::new(),
+            desired: HashMap::default(),
+            actual: HashMap::default(),
+            pending: HashSet::default(),
+            stale: HashSet::default(),
+            failed: HashMap::default(),
         }
     }
 }
@@ -82,10 +110,17 @@ impl<D: Programmable> Default for Table<D> {
 impl<D: Programmable> Table<D> {
     pub fn set_desired(&mut self, change: Change<D>) {
         match change.desired {
-            Some(d) => self.desired.insert(change.key.clone(), d),
-            None => self.desired.remove(&change.key),
-        };
-        self.pending.insert(change.key);
+            Some(d) => {
+                self.desired.insert(change.key.clone(), d);
+                self.stale.remove(&change.key);
+                self.pending.insert(change.key);
+            }
+            None => {
+                self.desired.remove(&change.key);
+                self.pending.remove(&change.key);
+                self.stale.insert(change.key);
+            }
+        }
     }
 
     /// A new stream declares everything again.
@@ -93,17 +128,30 @@ impl<D: Programmable> Table<D> {
         self.desired.clear();
         self.failed.clear();
         self.pending.clear();
+        self.stale.clear();
     }
 
     /// Takes what a dump found as the actual state, and re-checks everything.
     pub fn reset_actual(&mut self, actual: impl IntoIterator<Item = (D::Key, D::Kernel)>) {
         self.actual = actual.into_iter().collect();
-        self.mark_all_pending();
+        self.pending.extend(self.desired.keys().cloned());
+        self.mark_stale();
     }
 
+    /// Marks for deletion everything in the kernel that nothing wants.
+    pub fn mark_stale(&mut self) {
+        let desired = &self.desired;
+        self.stale.extend(
+            self.actual
+                .keys()
+                .filter(|k| !desired.contains_key(k))
+                .cloned(),
+        );
+    }
+
+    /// Marks every wanted object for a re-check (its device came back).
     pub fn mark_all_pending(&mut self) {
         self.pending.extend(self.desired.keys().cloned());
-        self.pending.extend(self.actual.keys().cloned());
     }
 
     /// The kernel removed these objects by itself (their device or nexthop went).
@@ -116,19 +164,23 @@ impl<D: Programmable> Table<D> {
             .collect();
         for key in keys {
             self.actual.remove(&key);
-            self.pending.insert(key);
+            if self.desired.contains_key(&key) {
+                self.pending.insert(key);
+            }
         }
     }
 
-    /// Objects whose retry time has come go back to pending.
+    /// Objects whose retry time has come are tried again.
     pub fn retry_due(&mut self, now: Instant) {
-        let due: Vec<D::Key> = self
-            .failed
-            .iter()
-            .filter(|(_, f)| f.retry_at <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        self.pending.extend(due);
+        for (key, failure) in &self.failed {
+            if failure.retry_at <= now {
+                if self.desired.contains_key(key) {
+                    self.pending.insert(key.clone());
+                } else {
+                    self.stale.insert(key.clone());
+                }
+            }
+        }
     }
 
     pub fn next_retry(&self) -> Option<Instant> {
@@ -145,90 +197,95 @@ impl<D: Programmable> Table<D> {
     }
 
     /// Adds and changes for pending keys. Keys that cannot be rendered yet
-    /// stay pending.
-    pub fn plan_upserts(&mut self, ctx: &dyn RenderContext) -> Vec<Planned<D>> {
-        let mut planned = Vec::new();
-        let mut settled = Vec::new();
-        for key in &self.pending {
-            let Some(desired) = self.desired.get(key) else {
+    /// (their device or nexthop is missing) stay pending.
+    pub fn plan_upserts(&mut self, ctx: &dyn RenderContext) -> Plan<D> {
+        let mut plan = Plan::default();
+        let mut waiting = Vec::new();
+        for key in std::mem::take(&mut self.pending) {
+            let Some(desired) = self.desired.get(&key) else {
                 continue;
             };
             let Some(kernel) = desired.render(ctx) else {
+                waiting.push(key);
                 continue;
             };
-            let (effect, verb) = match self.actual.get(key) {
+            let effect = match self.actual.get(&key) {
                 Some(a) if *a == kernel => {
-                    settled.push(key.clone());
+                    self.settled(&key);
                     continue;
                 }
-                Some(_) => (Effect::Changed, "replacing"),
-                None => (Effect::Added, "adding"),
+                Some(_) => Effect::Changed,
+                None => Effect::Added,
             };
-            planned.push(Planned {
-                key: key.clone(),
-                op: D::replace_op(&kernel),
-                effect,
-                after: Some(kernel),
-                what: format!("{verb} {desired}"),
-            });
+            plan.push(
+                D::replace_op(&kernel),
+                Planned {
+                    key,
+                    effect,
+                    after: Some(kernel),
+                },
+            );
         }
-        for key in settled {
-            self.settled(&key);
-        }
-        planned
+        self.pending.extend(waiting);
+        plan
     }
 
-    /// Deletes for pending keys nothing wants any more. Without `sweep`
-    /// (before the stream's InSync) nothing is deleted.
-    pub fn plan_deletes(&mut self, sweep: bool) -> Vec<Planned<D>> {
-        let mut planned = Vec::new();
-        let mut settled = Vec::new();
-        for key in &self.pending {
-            if self.desired.contains_key(key) {
-                continue;
-            }
-            match self.actual.get(key) {
-                Some(kernel) if sweep => planned.push(Planned {
-                    key: key.clone(),
-                    op: D::delete_op(kernel),
-                    effect: Effect::Removed,
-                    after: None,
-                    what: format!("deleting {} {key}", D::KIND),
-                }),
-                _ => settled.push(key.clone()),
+    /// Deletes for what nothing wants any more. Without `sweep` (before the
+    /// stream's InSync) nothing is deleted and the candidates are let go:
+    /// the InSync sweep finds them again.
+    pub fn plan_deletes(&mut self, sweep: bool) -> Plan<D> {
+        let mut plan = Plan::default();
+        for key in std::mem::take(&mut self.stale) {
+            match self.actual.get(&key) {
+                Some(kernel) if sweep && !self.desired.contains_key(&key) => plan.push(
+                    D::delete_op(kernel),
+                    Planned {
+                        key,
+                        effect: Effect::Removed,
+                        after: None,
+                    },
+                ),
+                _ => self.settled(&key),
             }
         }
-        for key in settled {
-            self.settled(&key);
-        }
-        planned
+        plan
     }
 
     fn settled(&mut self, key: &D::Key) {
-        self.pending.remove(key);
-        self.failed.remove(key);
+        if !self.failed.is_empty() {
+            self.failed.remove(key);
+        }
+    }
+
+    /// "adding route 10.0.1.0/26 via ...", for errors and logs.
+    pub fn describe(&self, planned: &Planned<D>) -> String {
+        match (planned.effect, self.desired.get(&planned.key)) {
+            (Effect::Added, Some(d)) => format!("adding {d}"),
+            (Effect::Changed, Some(d)) => format!("replacing {d}"),
+            _ => format!("deleting {} {}", D::KIND, planned.key),
+        }
     }
 
     /// Records the outcome of a planned operation.
     pub fn record(&mut self, planned: Planned<D>, result: Result<(), KernelError>, now: Instant) {
         match result {
             Ok(()) => {
+                self.settled(&planned.key);
                 match planned.after {
-                    Some(k) => self.actual.insert(planned.key.clone(), k),
+                    Some(k) => self.actual.insert(planned.key, k),
                     None => self.actual.remove(&planned.key),
                 };
-                self.settled(&planned.key);
             }
             Err(error) => {
-                self.pending.remove(&planned.key);
                 let attempts = self.failed.get(&planned.key).map_or(0, |f| f.attempts) + 1;
                 let backoff = FIRST_RETRY
                     .saturating_mul(1 << (attempts - 1).min(16))
                     .min(MAX_RETRY);
+                let what = self.describe(&planned);
                 self.failed.insert(
                     planned.key,
                     Failure {
-                        what: planned.what,
+                        what,
                         error,
                         attempts,
                         retry_at: now + backoff,
