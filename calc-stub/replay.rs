@@ -1,5 +1,6 @@
 //! `calc-stub replay`: streams messages into vxmgrd and reports its verdicts.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -79,6 +80,8 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
     });
 
     let mut all_ok = true;
+    // Statuses go to stdout until it closes (say, piped into head).
+    let mut stdout = Some(std::io::stdout());
     let wait = async {
         if total == 0 {
             return Ok(());
@@ -87,7 +90,11 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
             let payload = response?.payload;
             match payload {
                 Some(sync_response::Payload::BatchStatus(status)) => {
-                    println!("{}", json::to_line(&status));
+                    if let Some(out) = &mut stdout
+                        && writeln!(out, "{}", json::to_line(&status)).is_err()
+                    {
+                        stdout = None;
+                    }
                     all_ok &= is_ok(&status);
                     let _ = acked_tx.send(status.last_sequence);
                     if status.last_sequence >= total {

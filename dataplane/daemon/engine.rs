@@ -36,9 +36,10 @@ pub enum EngineInput {
         peer: String,
         responder: Responder,
     },
-    Message {
+    /// Messages of a stream, in order.
+    Messages {
         id: u64,
-        msg: ToDataplane,
+        messages: Vec<ToDataplane>,
     },
     StreamEnded {
         id: u64,
@@ -172,7 +173,11 @@ impl Engine {
                     dataplane_in_sync_sent: false,
                 });
             }
-            EngineInput::Message { id, msg } => self.on_message(id, msg),
+            EngineInput::Messages { id, messages } => {
+                for msg in messages {
+                    self.on_message(id, msg);
+                }
+            }
             EngineInput::StreamEnded { id } => {
                 if self.stream.as_ref().is_some_and(|s| s.id == id) {
                     info!(

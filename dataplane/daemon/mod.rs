@@ -127,7 +127,8 @@ pub async fn run_with_backend<B: KernelBackend>(
     )
     .await;
 
-    let (engine_tx, engine_rx) = mpsc::channel(4096);
+    // Chunks of messages (up to 1024 each), GetState requests, stream events.
+    let (engine_tx, engine_rx) = mpsc::channel(64);
     let (kernel_tx, kernel_rx) = mpsc::channel(4);
     let (events_tx, events_rx) = mpsc::channel(16);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();

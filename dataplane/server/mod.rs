@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures::StreamExt;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
@@ -26,6 +26,9 @@ use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest, SyncResponse};
 /// Responses buffered for a stream before a client that does not read is
 /// considered stuck.
 const RESPONSE_BUFFER: usize = 4096;
+
+/// Most messages handed to the manager task at once.
+const MESSAGE_CHUNK: usize = 1024;
 
 /// Largest message accepted from a client.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
@@ -103,21 +106,31 @@ impl Dataplane for DataplaneService {
         {
             return Err(Status::unavailable("vxmgrd is shutting down"));
         }
-        let mut inbound = request.into_inner();
+        // Messages go to the manager task in the chunks the socket delivers
+        // them in: one hand-over per chunk, not per message.
+        let mut inbound = request.into_inner().ready_chunks(MESSAGE_CHUNK);
         tokio::spawn(async move {
             let _guard = guard;
-            while let Some(item) = inbound.next().await {
-                match item {
-                    Ok(msg) => {
-                        if engine.send(EngineInput::Message { id, msg }).await.is_err() {
+            'stream: while let Some(chunk) = inbound.next().await {
+                let mut messages = Vec::with_capacity(chunk.len());
+                let mut failure = None;
+                for item in chunk {
+                    match item {
+                        Ok(msg) => messages.push(msg),
+                        Err(status) => {
+                            failure = Some(status);
                             break;
                         }
                     }
-                    Err(status) => {
-                        warn!(stream = id, %peer, %status, "calc stream failed");
-                        let _ = responder.try_send(Err(status));
-                        break;
-                    }
+                }
+                let input = EngineInput::Messages { id, messages };
+                if engine.send(input).await.is_err() {
+                    break 'stream;
+                }
+                if let Some(status) = failure {
+                    warn!(stream = id, %peer, %status, "calc stream failed");
+                    let _ = responder.try_send(Err(status));
+                    break 'stream;
                 }
             }
             let _ = engine.send(EngineInput::StreamEnded { id }).await;
