@@ -356,11 +356,13 @@ fn a_restarted_daemon_deletes_and_re_adds_nothing() {
         .replay_ok(&cluster.dir, "again", &view)
         .unwrap();
     monitor.sync().unwrap();
-    assert!(
-        monitor.seen.is_empty(),
-        "the restart changed the kernel: {:#?}",
-        monitor.seen
-    );
+    // The kernel's own neighbour traffic on other links is not vxmgr's.
+    let ours: Vec<&String> = monitor
+        .seen
+        .iter()
+        .filter(|l| l.contains("vxlan") || l.contains("proto 80"))
+        .collect();
+    assert!(ours.is_empty(), "the restart changed the kernel: {ours:#?}");
     assert_eq!(routes(&ns, "-4"), before);
 }
 
@@ -453,4 +455,123 @@ fn same_subnet_routes_follow_the_parent_address_to_another_interface() {
     let info = &link(&a.ns, "vxlan.calico")["linkinfo"]["info_data"];
     assert_eq!(info["link"], "eth1", "the device follows its parent");
     assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v4()));
+}
+
+#[test]
+fn changes_by_others_are_repaired_from_kernel_notifications() {
+    if !can_run("changes_by_others_are_repaired_from_kernel_notifications") {
+        return;
+    }
+    // No periodic resync, no device check: only notifications can repair.
+    let flags = [
+        "--route-refresh-interval",
+        "0",
+        "--device-check-interval",
+        "1h",
+    ];
+    let cluster = running_cluster(2, &flags, false);
+    let ns = &cluster.node(1).ns;
+    let mut monitor = Monitor::start(ns, &["neigh", "link"]).unwrap();
+    let route_back = |l: &str| l.starts_with("10.244.2.0/26") && l.contains("proto 80");
+
+    run_in(ns, &["ip", "route", "del", "10.244.2.0/26"]);
+    monitor
+        .wait_for("the route re-added", WAIT, route_back)
+        .unwrap();
+
+    testbed::sh(
+        ns,
+        "ip route replace 10.244.2.0/26 via 192.168.10.2 dev eth0 proto 80",
+    )
+    .unwrap();
+    monitor
+        .wait_for("the route replaced back", WAIT, |l| {
+            route_back(l) && l.contains("vxlan.calico")
+        })
+        .unwrap();
+
+    testbed::sh(ns, "ip neigh del 10.244.2.0 dev vxlan.calico").unwrap();
+    monitor
+        .wait_for("the neighbour re-added", WAIT, |l| {
+            l.starts_with("10.244.2.0 dev vxlan.calico lladdr")
+        })
+        .unwrap();
+
+    testbed::sh(ns, "bridge fdb del 66:aa:00:00:00:02 dev vxlan.calico self").unwrap();
+    monitor
+        .wait_for("the FDB entry re-added", WAIT, |l| {
+            // `ip monitor` shows an FDB entry as its destination and MAC.
+            l.starts_with("192.168.10.2 dev vxlan.calico lladdr 66:aa:00:00:00:02")
+        })
+        .unwrap();
+
+    testbed::sh(ns, "ip link del vxlan.calico").unwrap();
+    monitor
+        .wait_for("the device and its routes back", WAIT, route_back)
+        .unwrap();
+    assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fight_with_another_agent_backs_off_and_shows_in_health() {
+    if !can_run("a_fight_with_another_agent_backs_off_and_shows_in_health") {
+        return;
+    }
+    let flags = ["--route-refresh-interval", "0"];
+    let cluster = running_cluster(2, &flags, false);
+    let node = cluster.node(1);
+    let channel = vxmgr::client::connect(&node.socket).await.unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    let request = tonic_health::pb::HealthCheckRequest {
+        service: "vxmgr.v1.Dataplane".into(),
+    };
+    let mut watch = health.watch(request).await.unwrap().into_inner();
+    let serving = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    use tokio_stream::StreamExt;
+    assert_eq!(watch.next().await.unwrap().unwrap().status, serving);
+
+    let ns = node.ns.clone();
+    let fight = tokio::task::spawn_blocking(move || {
+        let mut monitor = Monitor::start(&ns, &[]).unwrap();
+        // Five deletions are repaired; the sixth is left alone.
+        for _ in 0..5 {
+            testbed::sh(&ns, "ip route del 10.244.2.0/26").unwrap();
+            monitor
+                .wait_for("the route re-added", WAIT, |l| {
+                    l.starts_with("10.244.2.0/26") && l.contains("proto 80")
+                })
+                .unwrap();
+        }
+        testbed::sh(&ns, "ip route del 10.244.2.0/26").unwrap();
+    });
+    fight.await.unwrap();
+    let status = tokio::time::timeout(WAIT, watch.next())
+        .await
+        .expect("health changes")
+        .unwrap()
+        .unwrap()
+        .status;
+    assert_ne!(
+        status, serving,
+        "a contested route makes the dataplane NOT_SERVING"
+    );
+    let state = vxmgr::client::dataplane(&node.socket)
+        .await
+        .unwrap()
+        .get_state(vxmgr::wire::vxmgr::v1::GetStateRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let contested: Vec<_> = state
+        .failing_objects
+        .iter()
+        .filter(|o| o.object.contains("10.244.2.0/26"))
+        .collect();
+    assert_eq!(contested.len(), 1, "{:?}", state.failing_objects);
+    assert!(
+        contested[0].error.contains("another agent"),
+        "{contested:?}"
+    );
+    let log = node.log_text();
+    assert!(log.contains("another agent keeps changing"), "{log}");
 }

@@ -15,7 +15,7 @@ use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
 use super::batch::{Batch, Responder};
-use super::kernel_task::{KernelCommand, KernelEvent};
+use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
 use crate::manager::{Manager, Outcome};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError, Report};
@@ -82,7 +82,7 @@ struct Engine {
     resolved_parent_ips: [Option<std::net::IpAddr>; 2],
     apply_in_flight: bool,
     last_batch: Option<BatchStatus>,
-    failing: Vec<ObjectError>,
+    objects: ObjectHealth,
     failing_passes: u32,
     recorder: Option<Recorder>,
     started: Instant,
@@ -112,7 +112,7 @@ pub async fn run(
         resolved_parent_ips: [None, None],
         apply_in_flight: false,
         last_batch: None,
-        failing: Vec::new(),
+        objects: ObjectHealth::default(),
         failing_passes: 0,
         recorder: options.record.take(),
         started: Instant::now(),
@@ -308,13 +308,13 @@ impl Engine {
     }
 
     async fn on_kernel_event(&mut self, event: KernelEvent) {
-        let (report, failing) = match event {
+        let (report, objects) = match event {
             KernelEvent::Applied {
                 batch,
                 in_sync,
                 report,
                 apply_time,
-                failing,
+                objects,
             } => {
                 self.apply_in_flight = false;
                 if let Some(stream) = &mut self.stream {
@@ -342,15 +342,15 @@ impl Engine {
                     }
                     self.last_batch = Some(status);
                 }
-                (report, failing)
+                (report, objects)
             }
-            KernelEvent::Background { report, failing } => (report, failing),
+            KernelEvent::Background { report, objects } => (report, objects),
         };
         for (family, parent) in report.parent_changes.clone() {
             self.manager.set_parent(family, parent);
             self.internal_dirty = true;
         }
-        self.failing = failing;
+        self.objects = objects;
         self.update_health(&report).await;
     }
 
@@ -364,7 +364,7 @@ impl Engine {
             && stream.in_sync_applied
             && !self.internal_dirty
             && !self.apply_in_flight
-            && self.failing.is_empty()
+            && self.objects.is_clean()
             && !stream.dataplane_in_sync_sent
         {
             stream.dataplane_in_sync_sent = true;
@@ -379,7 +379,7 @@ impl Engine {
                 .set_service_status(SERVICE_NAME, ServingStatus::Serving)
                 .await;
         }
-        if self.failing_passes >= FAILING_PASSES_UNHEALTHY {
+        if self.failing_passes >= FAILING_PASSES_UNHEALTHY || !self.objects.contested.is_empty() {
             self.health
                 .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
                 .await;
@@ -407,7 +407,14 @@ impl Engine {
     }
 
     fn state(&self) -> DataplaneState {
-        dataplane_state(&self.manager, self.last_batch.clone(), &self.failing)
+        let troubled: Vec<ObjectError> = self
+            .objects
+            .failing
+            .iter()
+            .chain(&self.objects.contested)
+            .cloned()
+            .collect();
+        dataplane_state(&self.manager, self.last_batch.clone(), &troubled)
     }
 }
 

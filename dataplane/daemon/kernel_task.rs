@@ -37,12 +37,12 @@ pub enum KernelEvent {
         in_sync: bool,
         report: Report,
         apply_time: Duration,
-        failing: Vec<ObjectError>,
+        objects: ObjectHealth,
     },
     /// A retry, device check or resync.
     Background {
         report: Report,
-        failing: Vec<ObjectError>,
+        objects: ObjectHealth,
     },
 }
 
@@ -59,8 +59,16 @@ pub async fn run<B: KernelBackend>(
     events: mpsc::Sender<KernelEvent>,
 ) {
     let background = |reconciler: &Reconciler<B>, report: Report| KernelEvent::Background {
-        failing: reconciler.failing(),
+        objects: ObjectHealth::of(reconciler),
         report,
+    };
+    // Subscribe before the first dump, so no change falls between them.
+    let mut notifications = match reconciler.watch() {
+        Ok(rx) => Some(rx),
+        Err(e) => {
+            warn!(error = %e, "no kernel notifications: drift is repaired by the periodic resync only");
+            None
+        }
     };
     match reconciler.resync().await {
         Ok(report) => {
@@ -103,13 +111,40 @@ pub async fn run<B: KernelBackend>(
                         in_sync,
                         report,
                         apply_time: started.elapsed(),
-                        failing: reconciler.failing(),
+                        objects: ObjectHealth::of(&reconciler),
                     };
                     if events.send(event).await.is_err() {
                         return;
                     }
                 }
             },
+            notification = recv(&mut notifications), if notifications.is_some() => {
+                let Some(notification) = notification else {
+                    warn!("kernel notifications stopped: drift is repaired by the periodic resync only");
+                    notifications = None;
+                    continue;
+                };
+                let now = Instant::now();
+                let mut due = reconciler.notice(notification, now);
+                // Take the whole burst in before repairing once.
+                while let Some(more) = notifications.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                    due |= reconciler.notice(more, now);
+                }
+                if !due {
+                    continue;
+                }
+                match reconciler.repair(now).await {
+                    Ok(report) => {
+                        if report.operations > 0 {
+                            info!(added = report.added, changed = report.changed, removed = report.removed, "repaired changes made by others");
+                        }
+                        if events.send(background(&reconciler, report)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => warn!(error = %e, "repair resync failed"),
+                }
+            }
             _ = sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {
                 let report = reconciler.retry(Instant::now()).await;
                 if events.send(background(&reconciler, report)).await.is_err() {
@@ -137,5 +172,34 @@ pub async fn run<B: KernelBackend>(
                 }
             }
         }
+    }
+}
+
+async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+    match rx {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Objects not as they should be in the kernel, for GetState and health.
+#[derive(Clone, Debug, Default)]
+pub struct ObjectHealth {
+    /// Their last operation failed; they are being retried.
+    pub failing: Vec<ObjectError>,
+    /// Another agent keeps changing them; vxmgr backs off.
+    pub contested: Vec<ObjectError>,
+}
+
+impl ObjectHealth {
+    fn of<B: KernelBackend>(reconciler: &Reconciler<B>) -> ObjectHealth {
+        ObjectHealth {
+            failing: reconciler.failing(),
+            contested: reconciler.contested(Instant::now()),
+        }
+    }
+
+    pub fn is_clean(&self) -> bool {
+        self.failing.is_empty() && self.contested.is_empty()
     }
 }

@@ -4,18 +4,18 @@
 //! Clones share one kernel, so a test can inspect what the daemon did.
 
 use std::collections::{BTreeMap, BTreeSet};
-
-use foldhash::HashMap;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use foldhash::HashMap;
 use ipnetwork::IpNetwork;
+use tokio::sync::mpsc;
 
 use super::objects::{
     IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
-    KernelState, Link, Ownership, VxlanAttrs,
+    KernelState, Link, Notification, Ownership, VxlanAttrs,
 };
-use super::{KernelBackend, KernelError};
+use super::{KernelBackend, KernelError, NOTIFICATION_BUFFER};
 use crate::desired::ParentInterface;
 use crate::model::MacAddr;
 
@@ -39,6 +39,8 @@ pub struct MemoryKernel {
     /// Answers address lookups that match no interface, standing in for a
     /// host's underlay (see `with_underlay`).
     underlay: Option<ParentInterface>,
+    /// Where changes by others (`interfere`) are notified.
+    watcher: Option<mpsc::Sender<Notification>>,
 }
 
 /// A handle on a shared in-memory kernel.
@@ -86,6 +88,44 @@ impl MemoryBackend {
     /// Makes every later operation matching `rule` fail with `errno`.
     pub fn inject_fault(&self, rule: impl Fn(&KernelOp) -> bool + Send + 'static, errno: i32) {
         self.lock().faults.push((Box::new(rule), errno));
+    }
+
+    /// Another agent changes the kernel: the change is made and notified
+    /// like the kernel notifies it (IPv4 routes that go with their device
+    /// are not notified, as in Linux).
+    pub fn interfere(&self, op: KernelOp) -> Result<(), KernelError> {
+        let mut k = self.lock();
+        k.apply_one(&op)?;
+        let notification = match op {
+            KernelOp::ReplaceRoute(r) => Notification::Route(r),
+            KernelOp::DeleteRoute(r) => Notification::RouteGone(r),
+            KernelOp::ReplaceNeighbor(n) => Notification::Neighbor(n),
+            KernelOp::DeleteNeighbor(n) => Notification::NeighborGone {
+                ifindex: n.ifindex,
+                address: n.address,
+            },
+            KernelOp::ReplaceFdb(e) => Notification::Fdb(e),
+            KernelOp::DeleteFdb(e) => Notification::FdbGone {
+                ifindex: e.ifindex,
+                mac: e.mac,
+            },
+            KernelOp::CreateVxlan(_)
+            | KernelOp::DeleteLink { .. }
+            | KernelOp::SetMtu { .. }
+            | KernelOp::SetUp { .. }
+            | KernelOp::AddAddress { .. }
+            | KernelOp::DeleteAddress { .. } => Notification::Links,
+            KernelOp::DisableTxChecksum { .. }
+            | KernelOp::ReplaceNexthop(_)
+            | KernelOp::DeleteNexthop(_)
+            | KernelOp::Ipset { .. } => return Ok(()),
+        };
+        if let Some(watcher) = &k.watcher
+            && watcher.try_send(notification).is_err()
+        {
+            let _ = watcher.try_send(Notification::Overrun);
+        }
+        Ok(())
     }
 
     /// Starts keeping every operation in `MemoryKernel::log`.
@@ -362,5 +402,11 @@ impl KernelBackend for MemoryBackend {
 
     async fn supports_nexthops(&mut self) -> bool {
         true
+    }
+
+    fn watch(&mut self) -> Result<mpsc::Receiver<Notification>, KernelError> {
+        let (tx, rx) = mpsc::channel(NOTIFICATION_BUFFER);
+        self.lock().watcher = Some(tx);
+        Ok(rx)
     }
 }

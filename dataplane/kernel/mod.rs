@@ -9,8 +9,10 @@ pub mod objects;
 use std::future::Future;
 use std::net::IpAddr;
 
+use tokio::sync::mpsc;
+
 use crate::desired::ParentInterface;
-use objects::{KernelOp, KernelState, Link, Ownership};
+use objects::{KernelOp, KernelState, Link, Notification, Ownership};
 
 /// Why the kernel refused an operation or a read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -70,4 +72,10 @@ pub trait KernelBackend: Send + 'static {
 
     /// Whether the kernel has nexthop objects.
     fn supports_nexthops(&mut self) -> impl Future<Output = bool> + Send;
+
+    /// Subscribes to the kernel's change notifications.
+    fn watch(&mut self) -> Result<mpsc::Receiver<Notification>, KernelError>;
 }
+
+/// Notifications buffered before the watcher reports an overrun.
+pub const NOTIFICATION_BUFFER: usize = 8192;

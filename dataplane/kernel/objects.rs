@@ -258,3 +258,29 @@ impl fmt::Display for KernelOp {
         }
     }
 }
+
+/// A change the kernel reported, by whoever made it (vxmgr's own changes
+/// come back too).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Notification {
+    /// A main-table route appeared or changed.
+    Route(KernelRoute),
+    RouteGone(KernelRoute),
+    /// A permanent ARP/NDP entry appeared or changed.
+    Neighbor(KernelNeighbor),
+    /// A neighbour entry went, or is no longer permanent.
+    NeighborGone {
+        ifindex: u32,
+        address: std::net::IpAddr,
+    },
+    /// A permanent FDB entry of a device appeared or changed.
+    Fdb(KernelFdb),
+    FdbGone {
+        ifindex: u32,
+        mac: MacAddr,
+    },
+    /// A link or an address changed somewhere.
+    Links,
+    /// Notifications were lost (the socket overran): re-read everything.
+    Overrun,
+}

@@ -20,7 +20,8 @@ use crate::desired::{
     TunnelNexthop, VxlanDevice,
 };
 use crate::kernel::objects::{
-    IpsetChange, KernelNexthop, KernelOp, KernelRouteVia, Link, Ownership,
+    IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link, Notification,
+    Ownership,
 };
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
@@ -120,7 +121,14 @@ pub struct Reconciler<B: KernelBackend> {
     ipset: Table<IpsetMember>,
     /// Our ipsets that exist in the kernel.
     ipsets_present: HashSet<String>,
+    /// Notifications said a link or address changed.
+    links_changed: bool,
+    /// Notifications were lost.
+    resync_due: bool,
 }
+
+/// The protocol of routes the kernel makes itself.
+const RTPROT_KERNEL: u8 = 2;
 
 /// Interface indexes and nexthop ids as the reconciler knows them now.
 struct Context<'a> {
@@ -188,11 +196,18 @@ impl<B: KernelBackend> Reconciler<B> {
             fdb: Table::default(),
             ipset: Table::default(),
             ipsets_present: HashSet::new(),
+            links_changed: false,
+            resync_due: false,
         }
     }
 
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// Subscribes to the kernel's change notifications (see `notice`).
+    pub fn watch(&mut self) -> Result<tokio::sync::mpsc::Receiver<Notification>, KernelError> {
+        self.backend.watch()
     }
 
     pub fn uses_nexthops(&self) -> bool {
@@ -436,10 +451,130 @@ impl<B: KernelBackend> Reconciler<B> {
 
     async fn refresh_link(&mut self, family: Family, report: &mut Report) {
         let name = family.device_name().to_string();
-        match self.backend.links(std::slice::from_ref(&name)).await {
-            Ok(links) => self.devices[family as usize].link = links.into_iter().next(),
-            Err(e) => report.fail(format!("reading device {name}"), &e),
+        let link = match self.backend.links(std::slice::from_ref(&name)).await {
+            Ok(links) => links.into_iter().next(),
+            Err(e) => return report.fail(format!("reading device {name}"), &e),
+        };
+        let before = self.devices[family as usize].link.as_ref().map(|l| l.index);
+        if let Some(gone) = before.filter(|b| Some(*b) != link.as_ref().map(|l| l.index)) {
+            // Deleted behind our back: what was on it went with it.
+            self.forget_device_objects(gone);
+            self.mark_all_pending();
         }
+        self.devices[family as usize].link = link;
+    }
+
+    /// Takes in what the kernel reported; returns whether a repair pass is
+    /// due. Only vxmgr's objects count (the ownership rules of DESIGN.md §4).
+    pub fn notice(&mut self, notification: Notification, now: Instant) -> bool {
+        let device_family = |devices: &[DeviceSlot; 2], ifindex: u32| {
+            Family::ALL.into_iter().find(|f| {
+                devices[*f as usize]
+                    .link
+                    .as_ref()
+                    .is_some_and(|l| l.index == ifindex)
+            })
+        };
+        match notification {
+            Notification::Route(route) | Notification::RouteGone(route)
+                if !self.owns_route(&route) =>
+            {
+                false
+            }
+            Notification::Route(route) => self.routes.observe(route.dst, Some(route), now),
+            Notification::RouteGone(route) => {
+                // Only the route we know going counts, not another one for the
+                // same destination.
+                self.routes.actual.get(&route.dst) == Some(&route)
+                    && self.routes.observe(route.dst, None, now)
+            }
+            Notification::Neighbor(n) => {
+                device_family(&self.devices, n.ifindex).is_some()
+                    && self.neighbors.observe(n.address, Some(n), now)
+            }
+            Notification::NeighborGone { ifindex, address } => {
+                self.neighbors
+                    .actual
+                    .get(&address)
+                    .is_some_and(|n| n.ifindex == ifindex)
+                    && self.neighbors.observe(address, None, now)
+            }
+            Notification::Fdb(entry) => match device_family(&self.devices, entry.ifindex) {
+                Some(family) => self
+                    .fdb
+                    .observe(FdbKey(family, entry.mac), Some(entry), now),
+                None => false,
+            },
+            Notification::FdbGone { ifindex, mac } => match device_family(&self.devices, ifindex) {
+                Some(family) => self.fdb.observe(FdbKey(family, mac), None, now),
+                None => false,
+            },
+            Notification::Links => {
+                self.links_changed = true;
+                true
+            }
+            Notification::Overrun => {
+                warn!("kernel notifications were lost: resyncing");
+                self.resync_due = true;
+                true
+            }
+        }
+    }
+
+    /// Routes with our protocol, or through our devices, are ours; the
+    /// kernel's own routes on our devices (IPv6 link-local) are not.
+    fn owns_route(&self, route: &KernelRoute) -> bool {
+        if route.protocol == self.route_protocol {
+            return true;
+        }
+        route.protocol != RTPROT_KERNEL
+            && route.ifindex().is_some_and(|index| {
+                self.devices
+                    .iter()
+                    .any(|d| d.link.as_ref().is_some_and(|l| l.index == index))
+            })
+    }
+
+    /// Repairs what notifications reported: a pass, after re-reading the
+    /// devices and parents when links changed, or a full resync after an
+    /// overrun.
+    pub async fn repair(&mut self, now: Instant) -> Result<Report, KernelError> {
+        self.routes.expire_contests(now);
+        self.neighbors.expire_contests(now);
+        self.fdb.expire_contests(now);
+        if std::mem::take(&mut self.resync_due) {
+            self.links_changed = false;
+            return self.resync().await;
+        }
+        if std::mem::take(&mut self.links_changed) {
+            return Ok(self.check_devices().await);
+        }
+        let mut report = Report::default();
+        self.pass(&mut report).await;
+        Ok(report)
+    }
+
+    /// Objects vxmgr stops repairing for a while because another agent
+    /// keeps changing them.
+    pub fn contested(&self, now: Instant) -> Vec<ObjectError> {
+        let describe = |c: table::Contested| ObjectError {
+            error: format!(
+                "another agent changed it {} times within seconds; not repaired for the next {} s",
+                c.repairs,
+                c.until.duration_since(now).as_secs() + 1
+            ),
+            object: c.what,
+        };
+        let mut contested: Vec<ObjectError> = self
+            .routes
+            .contested(now)
+            .into_iter()
+            .chain(self.neighbors.contested(now))
+            .chain(self.fdb.contested(now))
+            .map(describe)
+            .collect();
+        contested.sort_by(|a, b| a.object.cmp(&b.object));
+        contested
     }
 
     /// One reconciliation pass over everything pending, in dependency

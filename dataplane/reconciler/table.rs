@@ -11,6 +11,7 @@ use crate::desired::{Change, Desired, NexthopKey};
 use crate::kernel::KernelError;
 use crate::kernel::objects::KernelOp;
 use crate::model::Family;
+use tracing::warn;
 
 /// Interface indexes and nexthop ids a desired object needs to be rendered
 /// into its kernel form.
@@ -85,6 +86,31 @@ pub struct Failure {
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
+/// Repairs of one object, prompted by kernel notifications, that make it
+/// contested when they come within `CONTEST_WINDOW`.
+const CONTEST_REPAIRS: u32 = 5;
+const CONTEST_WINDOW: Duration = Duration::from_secs(10);
+const FIRST_CONTEST_BACKOFF: Duration = Duration::from_secs(5);
+const MAX_CONTEST_BACKOFF: Duration = Duration::from_secs(300);
+
+/// Someone else changing one of our objects again and again.
+#[derive(Clone, Debug)]
+struct Contest {
+    repairs: u32,
+    since: Instant,
+    backoff: Duration,
+    /// Not repaired on notifications until then.
+    until: Option<Instant>,
+}
+
+/// An object vxmgr stopped repairing for a while.
+#[derive(Clone, Debug)]
+pub struct Contested {
+    pub what: String,
+    pub repairs: u32,
+    pub until: Instant,
+}
+
 pub struct Table<D: Programmable> {
     pub desired: HashMap<D::Key, D>,
     pub actual: HashMap<D::Key, D::Kernel>,
@@ -93,6 +119,7 @@ pub struct Table<D: Programmable> {
     /// Keys nothing wants that may still be in the kernel.
     stale: HashSet<D::Key>,
     failed: HashMap<D::Key, Failure>,
+    contests: HashMap<D::Key, Contest>,
 }
 
 impl<D: Programmable> Default for Table<D> {
@@ -103,6 +130,7 @@ impl<D: Programmable> Default for Table<D> {
             pending: HashSet::default(),
             stale: HashSet::default(),
             failed: HashMap::default(),
+            contests: HashMap::default(),
         }
     }
 }
@@ -167,6 +195,89 @@ impl<D: Programmable> Table<D> {
             if self.desired.contains_key(&key) {
                 self.pending.insert(key);
             }
+        }
+    }
+
+    /// The kernel reports `key` as `kernel` (`None`: gone). Returns whether
+    /// that differs from what vxmgr believed, i.e. someone else changed it;
+    /// the object is then repaired (or, unwanted, deleted after InSync),
+    /// unless it is contested and vxmgr is backing off.
+    pub fn observe(&mut self, key: D::Key, kernel: Option<D::Kernel>, now: Instant) -> bool {
+        if self.actual.get(&key) == kernel.as_ref() {
+            return false;
+        }
+        match kernel {
+            Some(k) => self.actual.insert(key.clone(), k),
+            None => self.actual.remove(&key),
+        };
+        if !self.desired.contains_key(&key) {
+            self.stale.insert(key);
+        } else if self.may_repair(&key, now) {
+            self.pending.insert(key);
+        }
+        true
+    }
+
+    /// Counts a repair of `key`; false while it is contested.
+    fn may_repair(&mut self, key: &D::Key, now: Instant) -> bool {
+        let contest = self.contests.entry(key.clone()).or_insert(Contest {
+            repairs: 0,
+            since: now,
+            backoff: Duration::ZERO,
+            until: None,
+        });
+        if contest.until.is_some_and(|until| now < until) {
+            return false;
+        }
+        if now.duration_since(contest.since) > CONTEST_WINDOW {
+            contest.repairs = 0;
+            contest.since = now;
+            contest.until = None;
+        }
+        contest.repairs += 1;
+        if contest.repairs <= CONTEST_REPAIRS {
+            return true;
+        }
+        contest.backoff = (contest.backoff * 2).clamp(FIRST_CONTEST_BACKOFF, MAX_CONTEST_BACKOFF);
+        contest.until = Some(now + contest.backoff);
+        let (repairs, backoff) = (contest.repairs, contest.backoff);
+        let what = self.describe_key(key);
+        warn!(
+            object = %what,
+            repairs,
+            backoff_s = backoff.as_secs(),
+            "another agent keeps changing an object vxmgr owns; not repairing it for a while"
+        );
+        false
+    }
+
+    /// Objects vxmgr is not repairing because someone keeps changing them.
+    pub fn contested(&self, now: Instant) -> Vec<Contested> {
+        self.contests
+            .iter()
+            .filter_map(|(key, c)| {
+                let until = c.until.filter(|until| now < *until)?;
+                Some(Contested {
+                    what: self.describe_key(key),
+                    repairs: c.repairs,
+                    until,
+                })
+            })
+            .collect()
+    }
+
+    /// Forgets repairs counted before the window: uncontested objects.
+    pub fn expire_contests(&mut self, now: Instant) {
+        self.contests.retain(|_, c| {
+            c.until.is_some_and(|until| now < until)
+                || now.duration_since(c.since) <= CONTEST_WINDOW
+        });
+    }
+
+    fn describe_key(&self, key: &D::Key) -> String {
+        match self.desired.get(key) {
+            Some(d) => d.to_string(),
+            None => format!("{} {key}", D::KIND),
         }
     }
 

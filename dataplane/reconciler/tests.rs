@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::config::Config;
 use crate::kernel::memory::MemoryBackend;
-use crate::kernel::objects::KernelRouteVia;
+use crate::kernel::objects::{KernelNeighbor, KernelRoute, KernelRouteVia, Notification};
 use crate::manager::Manager;
 use crate::model::Update;
 use crate::wire::felix::ToDataplane;
@@ -370,4 +370,146 @@ async fn backoff_grows() {
         "the second wait doubles the first (250 ms): {:?}",
         second - retried
     );
+}
+
+/// Feeds the memory kernel's notifications to the reconciler, as the kernel
+/// task does; returns whether a repair was due.
+fn notice_all(rig: &mut Rig, rx: &mut tokio::sync::mpsc::Receiver<Notification>) -> bool {
+    let mut due = false;
+    while let Ok(n) = rx.try_recv() {
+        due |= rig.reconciler.notice(n, Instant::now());
+    }
+    due
+}
+
+#[tokio::test]
+async fn changes_by_others_are_noticed_and_repaired() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let mut rx = rig.reconciler.watch().unwrap();
+    let dst = "10.244.1.0/26".parse().unwrap();
+    let ours = rig.kernel.lock().routes[&dst];
+    rig.kernel.interfere(KernelOp::DeleteRoute(ours)).unwrap();
+    let neighbor = *rig.kernel.lock().neighbors.values().next().unwrap();
+    rig.kernel
+        .interfere(KernelOp::ReplaceNeighbor(KernelNeighbor {
+            mac: "66:ee:00:00:00:09".parse().unwrap(),
+            ..neighbor
+        }))
+        .unwrap();
+    assert!(notice_all(&mut rig, &mut rx));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert_eq!((report.added, report.changed), (1, 1), "{report:?}");
+    let k = rig.kernel.lock();
+    assert_eq!(k.routes[&dst], ours);
+    assert_eq!(k.neighbors[&(neighbor.ifindex, neighbor.address)], neighbor);
+}
+
+#[tokio::test]
+async fn our_own_changes_echoed_back_are_not_drift() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let routes: Vec<KernelRoute> = rig.kernel.lock().routes.values().copied().collect();
+    for route in routes {
+        assert!(
+            !rig.reconciler
+                .notice(Notification::Route(route), Instant::now())
+        );
+    }
+    let foreign = KernelRoute {
+        dst: "192.0.2.0/24".parse().unwrap(),
+        protocol: 4,
+        via: KernelRouteVia::Blackhole,
+        mtu: None,
+    };
+    assert!(
+        !rig.reconciler
+            .notice(Notification::Route(foreign), Instant::now()),
+        "routes of other protocols are not ours"
+    );
+}
+
+#[tokio::test]
+async fn an_unwanted_object_of_ours_that_appears_is_removed_after_in_sync() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let mut rx = rig.reconciler.watch().unwrap();
+    let stray = KernelRoute {
+        dst: "10.99.0.0/26".parse().unwrap(),
+        protocol: 80,
+        via: KernelRouteVia::Blackhole,
+        mtu: None,
+    };
+    rig.kernel.interfere(KernelOp::ReplaceRoute(stray)).unwrap();
+    assert!(notice_all(&mut rig, &mut rx));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert_eq!(report.removed, 1, "{report:?}");
+    assert!(!rig.kernel.lock().routes.contains_key(&stray.dst));
+}
+
+#[tokio::test]
+async fn a_fight_over_an_object_backs_off_and_is_reported() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let mut rx = rig.reconciler.watch().unwrap();
+    let dst = "10.244.2.0/26".parse().unwrap();
+    let mut repairs = 0;
+    for _ in 0..10 {
+        let ours = rig.kernel.lock().routes.get(&dst).copied();
+        let Some(ours) = ours else { break };
+        rig.kernel.interfere(KernelOp::DeleteRoute(ours)).unwrap();
+        notice_all(&mut rig, &mut rx);
+        let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+        repairs += report.added;
+    }
+    assert_eq!(repairs, 5, "five repairs, then vxmgr backs off");
+    assert!(!rig.kernel.lock().routes.contains_key(&dst));
+    let contested = rig.reconciler.contested(Instant::now());
+    assert_eq!(contested.len(), 1, "{contested:?}");
+    assert!(
+        contested[0].object.contains("10.244.2.0/26"),
+        "{contested:?}"
+    );
+    assert!(
+        contested[0].error.contains("another agent"),
+        "{contested:?}"
+    );
+
+    // The periodic resync, the safety net, still puts it back.
+    let report = rig.reconciler.resync().await.unwrap();
+    assert_eq!(report.added, 1, "{report:?}");
+}
+
+#[tokio::test]
+async fn a_device_deleted_behind_our_back_comes_back_with_everything_on_it() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let mut rx = rig.reconciler.watch().unwrap();
+    let index = rig
+        .kernel
+        .lock()
+        .link_by_name("vxlan.calico")
+        .unwrap()
+        .index;
+    rig.kernel
+        .interfere(KernelOp::DeleteLink {
+            index,
+            name: "vxlan.calico".into(),
+        })
+        .unwrap();
+    assert!(notice_all(&mut rig, &mut rx));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    let k = rig.kernel.lock();
+    assert!(k.link_by_name("vxlan.calico").is_some());
+    assert_eq!(k.routes.len(), 4);
+    assert_eq!(
+        (k.nexthops.len(), k.neighbors.len(), k.fdb.len()),
+        (2, 2, 2)
+    );
+}
+
+#[tokio::test]
+async fn an_overrun_resyncs() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let dst = "10.244.2.0/26".parse().unwrap();
+    rig.kernel.lock().routes.remove(&dst);
+    assert!(rig.reconciler.notice(Notification::Overrun, Instant::now()));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert_eq!(report.added, 1, "{report:?}");
 }

@@ -14,6 +14,7 @@ mod neighbour;
 mod nexthop;
 mod route;
 mod socket;
+mod watch;
 
 use std::io;
 use std::net::IpAddr;
@@ -22,7 +23,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use netlink_packet_route::RouteNetlinkMessage;
 
-use super::objects::{KernelOp, KernelState, Link, Ownership};
+use super::objects::{KernelOp, KernelState, Link, Notification, Ownership};
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
 use ethtool::Ethtool;
@@ -166,6 +167,10 @@ impl KernelBackend for NetlinkBackend {
 
     async fn supports_nexthops(&mut self) -> bool {
         self.nexthops_supported().await
+    }
+
+    fn watch(&mut self) -> Result<tokio::sync::mpsc::Receiver<Notification>, KernelError> {
+        watch::subscribe()
     }
 }
 

@@ -76,21 +76,9 @@ impl NetlinkBackend {
                 .dumps
                 .dump(device_dump(AddressFamily::Unspec, ifindex))
                 .await?;
-            neighbors.extend(replies.iter().filter_map(|reply| {
-                let RouteNetlinkMessage::NewNeighbour(m) = reply else {
-                    return None;
-                };
-                let ip_family =
-                    matches!(m.header.family, AddressFamily::Inet | AddressFamily::Inet6);
-                if !ip_family || m.header.state != NeighbourState::Permanent {
-                    return None;
-                }
-                let (address, mac) = destination_and_mac(m)?;
-                Some(KernelNeighbor {
-                    ifindex: m.header.ifindex,
-                    address,
-                    mac,
-                })
+            neighbors.extend(replies.iter().filter_map(|reply| match reply {
+                RouteNetlinkMessage::NewNeighbour(m) if is_permanent(m) => parse_neighbor(m),
+                _ => None,
             }));
         }
         Ok(neighbors)
@@ -105,21 +93,9 @@ impl NetlinkBackend {
                 .dumps
                 .dump(device_dump(AddressFamily::Bridge, ifindex))
                 .await?;
-            entries.extend(replies.iter().filter_map(|reply| {
-                let RouteNetlinkMessage::NewNeighbour(m) = reply else {
-                    return None;
-                };
-                if m.header.state != NeighbourState::Permanent
-                    || !m.header.flags.contains(NeighbourFlags::Own)
-                {
-                    return None;
-                }
-                let (destination, mac) = destination_and_mac(m)?;
-                Some(KernelFdb {
-                    ifindex: m.header.ifindex,
-                    mac,
-                    destination,
-                })
+            entries.extend(replies.iter().filter_map(|reply| match reply {
+                RouteNetlinkMessage::NewNeighbour(m) if is_permanent(m) => parse_fdb(m),
+                _ => None,
             }));
         }
         Ok(entries)
@@ -162,19 +138,62 @@ fn device_dump(family: AddressFamily, ifindex: u32) -> RouteNetlinkMessage {
     RouteNetlinkMessage::GetNeighbour(message)
 }
 
-fn destination_and_mac(message: &NeighbourMessage) -> Option<(IpAddr, MacAddr)> {
-    let mut destination = None;
-    let mut mac = None;
-    for attribute in &message.attributes {
-        match attribute {
-            NeighbourAttribute::Destination(address) => destination = neighbour_ip(address),
-            NeighbourAttribute::LinkLayerAddress(octets) => {
-                mac = <[u8; 6]>::try_from(octets.as_slice()).ok().map(MacAddr)
-            }
-            _ => {}
-        }
+pub(super) fn is_permanent(message: &NeighbourMessage) -> bool {
+    message.header.state == NeighbourState::Permanent
+}
+
+/// An ARP/NDP entry (whatever its state).
+pub(super) fn parse_neighbor(message: &NeighbourMessage) -> Option<KernelNeighbor> {
+    if !matches!(
+        message.header.family,
+        AddressFamily::Inet | AddressFamily::Inet6
+    ) {
+        return None;
     }
-    Some((destination?, mac?))
+    let (address, mac) = destination_and_mac(message)?;
+    Some(KernelNeighbor {
+        ifindex: message.header.ifindex,
+        address,
+        mac,
+    })
+}
+
+/// A device's own (`self`) FDB entry with a remote destination (whatever
+/// its state).
+pub(super) fn parse_fdb(message: &NeighbourMessage) -> Option<KernelFdb> {
+    if message.header.family != AddressFamily::Bridge
+        || !message.header.flags.contains(NeighbourFlags::Own)
+    {
+        return None;
+    }
+    let (destination, mac) = destination_and_mac(message)?;
+    Some(KernelFdb {
+        ifindex: message.header.ifindex,
+        mac,
+        destination,
+    })
+}
+
+/// The neighbour's address (NDA_DST).
+pub(super) fn address_of(message: &NeighbourMessage) -> Option<IpAddr> {
+    message.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::Destination(address) => neighbour_ip(address),
+        _ => None,
+    })
+}
+
+/// The neighbour's MAC (NDA_LLADDR); an entry being deleted may have none.
+pub(super) fn mac_of(message: &NeighbourMessage) -> Option<MacAddr> {
+    message.attributes.iter().find_map(|a| match a {
+        NeighbourAttribute::LinkLayerAddress(octets) => {
+            <[u8; 6]>::try_from(octets.as_slice()).ok().map(MacAddr)
+        }
+        _ => None,
+    })
+}
+
+fn destination_and_mac(message: &NeighbourMessage) -> Option<(IpAddr, MacAddr)> {
+    Some((address_of(message)?, mac_of(message)?))
 }
 
 /// netlink-packet-route decodes NDA_DST by the message's family, so an FDB

@@ -157,7 +157,7 @@ fn route_ip(address: &RouteAddress) -> Option<IpAddr> {
 /// gateway and device (unless the kernel's nexthop_compat_mode is off),
 /// and an IPv6 blackhole reports the loopback device: neither changes what
 /// the route is.
-fn parse_route(message: &RouteMessage) -> Option<KernelRoute> {
+pub(super) fn parse_route(message: &RouteMessage) -> Option<KernelRoute> {
     let mut table = u32::from(message.header.table);
     let mut dst = None;
     let mut gateway = None;

@@ -38,6 +38,19 @@ const NLMSGERR_ATTR_MSG: u16 = 1;
 /// the kernel from echoing the whole request).
 const ECHOED_HEADER_LEN: usize = 16;
 
+/// Sets a socket's receive buffer: root may exceed net.core.rmem_max,
+/// others get what it allows.
+pub(super) fn raise_receive_buffer(
+    socket: &mut rtnetlink::sys::Socket,
+    bytes: usize,
+) -> io::Result<()> {
+    if let Err(e) = setsockopt(&*socket, sockopt::RcvBufForce, &bytes) {
+        debug!(error = %e, "SO_RCVBUFFORCE refused, asking for SO_RCVBUF");
+        socket.set_rx_buf_sz(bytes)?;
+    }
+    Ok(())
+}
+
 pub(super) struct NetlinkSocket<T: Debug> {
     handle: ConnectionHandle<T>,
     /// The kernel runs one dump at a time per socket (EBUSY otherwise).
@@ -69,11 +82,7 @@ where
         if filters == DumpFilters::Strict {
             socket.set_netlink_get_strict_chk(true)?;
         }
-        // Root may exceed net.core.rmem_max; others get what it allows.
-        if let Err(e) = setsockopt(&*socket, sockopt::RcvBufForce, &RECEIVE_BUFFER) {
-            debug!(error = %e, "SO_RCVBUFFORCE refused, asking for SO_RCVBUF");
-            socket.set_rx_buf_sz(RECEIVE_BUFFER)?;
-        }
+        raise_receive_buffer(socket, RECEIVE_BUFFER)?;
         // Without ACKs and DONEs a request whose connection died would look
         // like one that succeeded.
         connection.set_forward_ack(true);
