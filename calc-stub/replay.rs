@@ -39,6 +39,9 @@ pub struct ReplayArgs {
     files: Vec<PathBuf>,
 }
 
+/// How long the daemon gets to end the stream after the last status.
+const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
 pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
     let mut messages: Vec<ToDataplane> = Vec::new();
     for file in &args.files {
@@ -121,6 +124,12 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
         })??;
     drop(acked_tx);
     let _ = sender.await;
+    // Our side is closed: let the daemon end the stream, so it sees a clean
+    // close rather than a dropped connection.
+    let _ = tokio::time::timeout(CLOSE_GRACE, async {
+        while let Ok(Some(_)) = responses.message().await {}
+    })
+    .await;
 
     if args.expect.is_none() && args.save_state.is_none() {
         return Ok(all_ok);

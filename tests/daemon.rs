@@ -8,14 +8,14 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use support::{Daemon, VXMGRD};
+use support::{Daemon, Stream, VXMGRD};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use vxmgr::wire::felix::ToDataplane;
-use vxmgr::wire::vxmgr::v1::{GetStateRequest, SyncResponse, sync_response::Payload};
+use vxmgr::wire::vxmgr::v1::{GetStateRequest, sync_response::Payload};
 use vxmgr::wire::{json, replay};
 
 fn two_nodes() -> Vec<ToDataplane> {
@@ -25,55 +25,6 @@ fn two_nodes() -> Vec<ToDataplane> {
         m.sequence_number = i as u64 + 1;
     }
     messages
-}
-
-/// An open Sync stream.
-struct Stream {
-    tx: mpsc::Sender<ToDataplane>,
-    responses: tonic::Streaming<SyncResponse>,
-}
-
-impl Stream {
-    async fn open(daemon: &Daemon) -> Stream {
-        let (tx, rx) = mpsc::channel(64);
-        let responses = daemon
-            .client()
-            .await
-            .sync(ReceiverStream::new(rx))
-            .await
-            .expect("Sync accepted")
-            .into_inner();
-        Stream { tx, responses }
-    }
-
-    async fn send(&self, messages: Vec<ToDataplane>) {
-        for m in messages {
-            self.tx.send(m).await.expect("stream open");
-        }
-    }
-
-    /// The next response whose payload `want` picks, skipping the others.
-    async fn next<T>(&mut self, mut want: impl FnMut(Payload) -> Option<T>) -> T {
-        let wait = async {
-            while let Some(r) = self.responses.next().await {
-                if let Some(t) = r.expect("response").payload.and_then(&mut want) {
-                    return t;
-                }
-            }
-            panic!("the stream ended");
-        };
-        tokio::time::timeout(Duration::from_secs(30), wait)
-            .await
-            .expect("response within 30 s")
-    }
-
-    async fn batch_covering(&mut self, sequence: u64) {
-        self.next(|p| match p {
-            Payload::BatchStatus(s) if s.last_sequence >= sequence => Some(()),
-            _ => None,
-        })
-        .await
-    }
 }
 
 #[tokio::test]

@@ -10,6 +10,11 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use tempfile::TempDir;
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use vxmgr::wire::felix::ToDataplane;
+use vxmgr::wire::vxmgr::v1::{SyncResponse, sync_response::Payload};
 
 pub const VXMGRD: &str = env!("CARGO_BIN_EXE_vxmgrd");
 pub const CALC_STUB: &str = env!("CARGO_BIN_EXE_calc-stub");
@@ -190,3 +195,52 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 pub mod netns;
+
+/// An open Sync stream.
+pub struct Stream {
+    pub tx: mpsc::Sender<ToDataplane>,
+    pub responses: tonic::Streaming<SyncResponse>,
+}
+
+impl Stream {
+    pub async fn open(daemon: &Daemon) -> Stream {
+        let (tx, rx) = mpsc::channel(64);
+        let responses = daemon
+            .client()
+            .await
+            .sync(ReceiverStream::new(rx))
+            .await
+            .expect("Sync accepted")
+            .into_inner();
+        Stream { tx, responses }
+    }
+
+    pub async fn send(&self, messages: Vec<ToDataplane>) {
+        for m in messages {
+            self.tx.send(m).await.expect("stream open");
+        }
+    }
+
+    /// The next response whose payload `want` picks, skipping the others.
+    pub async fn next<T>(&mut self, mut want: impl FnMut(Payload) -> Option<T>) -> T {
+        let wait = async {
+            while let Some(r) = self.responses.next().await {
+                if let Some(t) = r.expect("response").payload.and_then(&mut want) {
+                    return t;
+                }
+            }
+            panic!("the stream ended");
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("response within 30 s")
+    }
+
+    pub async fn batch_covering(&mut self, sequence: u64) {
+        self.next(|p| match p {
+            Payload::BatchStatus(s) if s.last_sequence >= sequence => Some(()),
+            _ => None,
+        })
+        .await
+    }
+}

@@ -1,0 +1,329 @@
+//! Malformed input, table-driven: every bad message is rejected with a
+//! reason that quotes its value, every good message beside it applies, and
+//! the daemon stays up. Also junk on the socket and oversized messages.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+
+use support::{Daemon, Stream};
+use vxmgr::wire::felix::ToDataplane;
+use vxmgr::wire::json;
+use vxmgr::wire::vxmgr::v1::{GetStateRequest, RejectedMessage, sync_response::Payload};
+
+const NODE_B: &str = r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#;
+
+fn route(dst: &str, node_ip: &str) -> String {
+    format!(
+        r#"{{"routeUpdate": {{"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "{dst}", "dstNodeName": "node-b", "dstNodeIp": "{node_ip}"}}}}"#
+    )
+}
+
+fn vtep(node: &str, mac: &str, ip: &str, parent: &str) -> String {
+    format!(
+        r#"{{"vtepUpdate": {{"node": "{node}", "mac": "{mac}", "ipv4Addr": "{ip}", "parentDeviceIp": "{parent}"}}}}"#
+    )
+}
+
+fn config(key: &str, value: &str) -> String {
+    format!(r#"{{"configUpdate": {{"config": {{"{key}": "{value}"}}}}}}"#)
+}
+
+/// (what, the bad message, a piece of the reason that quotes the value)
+fn cases() -> Vec<(&'static str, String, String)> {
+    let huge = "1".repeat(100_000);
+    vec![
+        (
+            "prefix length out of range",
+            route("10.244.9.0/33", ""),
+            "\"10.244.9.0/33\"".into(),
+        ),
+        (
+            "IPv6 prefix length out of range",
+            route("fd00::/129", ""),
+            "\"fd00::/129\"".into(),
+        ),
+        ("garbage CIDR", route("banana", ""), "\"banana\"".into()),
+        ("empty CIDR", route("", ""), "route_update.dst \"\"".into()),
+        (
+            "node address of the wrong family",
+            route("10.244.9.0/26", "fd00::2"),
+            "\"fd00::2\"".into(),
+        ),
+        (
+            "garbage node address",
+            route("10.244.9.0/26", "192.168.10.300"),
+            "\"192.168.10.300\"".into(),
+        ),
+        (
+            "garbage remove",
+            r#"{"routeRemove": {"dst": "10.0.0.0/x"}}"#.into(),
+            "\"10.0.0.0/x\"".into(),
+        ),
+        (
+            "MAC too short",
+            vtep("node-c", "66:aa:00:00:00", "10.244.2.0", "192.168.10.3"),
+            "\"66:aa:00:00:00\"".into(),
+        ),
+        (
+            "MAC not hex",
+            vtep("node-c", "66:aa:00:00:00:zz", "10.244.2.0", "192.168.10.3"),
+            "\"66:aa:00:00:00:zz\"".into(),
+        ),
+        (
+            "multicast MAC",
+            vtep("node-c", "01:00:5e:00:00:01", "10.244.2.0", "192.168.10.3"),
+            "multicast".into(),
+        ),
+        (
+            "zero MAC",
+            vtep("node-c", "00:00:00:00:00:00", "10.244.2.0", "192.168.10.3"),
+            "all-zero".into(),
+        ),
+        (
+            "tunnel address of the wrong family",
+            vtep("node-c", "66:aa:00:00:00:03", "fd00::3", "192.168.10.3"),
+            "\"fd00::3\"".into(),
+        ),
+        (
+            "garbage parent address",
+            vtep("node-c", "66:aa:00:00:00:03", "10.244.2.0", "nope"),
+            "\"nope\"".into(),
+        ),
+        (
+            "empty node",
+            vtep("", "66:aa:00:00:00:03", "10.244.2.0", "192.168.10.3"),
+            "vtep_update.node is empty".into(),
+        ),
+        (
+            "another node's MAC",
+            vtep("node-c", "66:aa:00:00:00:02", "10.244.2.0", "192.168.10.3"),
+            "already the VTEP MAC of node \"node-b\"".into(),
+        ),
+        (
+            "another node's tunnel address",
+            vtep("node-c", "66:aa:00:00:00:03", "10.244.1.0", "192.168.10.3"),
+            "already the tunnel address of node \"node-b\"".into(),
+        ),
+        ("huge string", route(&huge, ""), "(100000 bytes)".into()),
+        (
+            "VNI over 2^24-1",
+            config("VXLANVNI", "16777216"),
+            "VXLANVNI \"16777216\"".into(),
+        ),
+        ("port 0", config("VXLANPort", "0"), "VXLANPort \"0\"".into()),
+        (
+            "port over 65535",
+            config("VXLANPort", "65536"),
+            "VXLANPort \"65536\"".into(),
+        ),
+        (
+            "MTU too small",
+            config("VXLANMTU", "20"),
+            "VXLANMTU \"20\"".into(),
+        ),
+        (
+            "IPv6 MTU too small",
+            config("VXLANMTUV6", "1279"),
+            "VXLANMTUV6 \"1279\"".into(),
+        ),
+        (
+            "bad CIDR list",
+            config("ExternalNodesCIDRList", "10.0.0.0/8,zz"),
+            "ExternalNodesCIDRList \"10.0.0.0/8,zz\"".into(),
+        ),
+        (
+            "route protocol out of range",
+            config("DeviceRouteProtocol", "300"),
+            "DeviceRouteProtocol \"300\"".into(),
+        ),
+    ]
+}
+
+fn message(line: &str, sequence: u64) -> ToDataplane {
+    let mut msg: ToDataplane = json::from_str(line).expect("test JSON");
+    msg.sequence_number = sequence;
+    msg
+}
+
+#[tokio::test]
+async fn every_bad_message_is_rejected_by_value_and_its_neighbours_apply() {
+    let daemon = Daemon::memory(&[]);
+    let mut stream = Stream::open(&daemon).await;
+    let mut messages = vec![message(NODE_B, 1)];
+    let mut expected = Vec::new();
+    let mut good_routes = Vec::new();
+    for (i, (what, bad, quoted)) in cases().into_iter().enumerate() {
+        let base = 2 + 3 * i as u64;
+        let before = format!("10.250.{i}.0/26");
+        let after = format!("10.250.{i}.64/26");
+        messages.push(message(&route(&before, ""), base));
+        messages.push(message(&bad, base + 1));
+        messages.push(message(&route(&after, ""), base + 2));
+        expected.push((what, base + 1, quoted));
+        good_routes.extend([before, after]);
+    }
+    let last = messages.last().unwrap().sequence_number;
+    stream.send(messages).await;
+    let mut rejected: Vec<RejectedMessage> = Vec::new();
+    loop {
+        let status = stream
+            .next(|p| match p {
+                Payload::BatchStatus(s) => Some(s),
+                _ => None,
+            })
+            .await;
+        rejected.extend(status.rejected);
+        if status.last_sequence >= last {
+            break;
+        }
+    }
+    for (what, sequence, quoted) in &expected {
+        let found = rejected.iter().find(|r| r.sequence_number == *sequence);
+        let Some(r) = found else {
+            panic!("{what}: message {sequence} was not rejected; rejected: {rejected:#?}");
+        };
+        assert!(
+            r.reason.contains(quoted.as_str()),
+            "{what}: {:?} lacks {quoted:?}",
+            r.reason
+        );
+    }
+    assert_eq!(
+        rejected.len(),
+        expected.len(),
+        "only the bad ones: {rejected:#?}"
+    );
+
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .expect("the daemon is alive")
+        .into_inner();
+    let v4 = state.ipv4.unwrap();
+    let programmed: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
+    for dst in &good_routes {
+        assert!(
+            programmed.contains(&dst.as_str()),
+            "{dst} missing: {programmed:?}"
+        );
+    }
+    assert_eq!(v4.remote_vteps.len(), 1, "no bad VTEP got in");
+}
+
+#[test]
+fn an_unknown_oneof_member_is_ignored() {
+    use prost::Message;
+    // A ToDataplane with sequence number 7 and a payload in field 99, which
+    // vxmgr does not know (as a newer Felix might send).
+    let mut bytes = Vec::new();
+    prost::encoding::uint64::encode(15, &7, &mut bytes);
+    prost::encoding::bytes::encode(99, &vec![1u8, 2, 3], &mut bytes);
+    let msg = ToDataplane::decode(bytes.as_slice()).expect("unknown fields are skipped");
+    assert_eq!(msg.sequence_number, 7);
+    assert!(msg.payload.is_none());
+    assert_eq!(vxmgr::model::Update::from_message(msg), Ok(None));
+}
+
+#[tokio::test]
+async fn an_oversized_message_is_refused_with_a_clear_status() {
+    let daemon = Daemon::memory(&[]);
+    let mut stream = Stream::open(&daemon).await;
+    let big = route(&"9".repeat(5 << 20), "");
+    stream.send(vec![message(&big, 1)]).await;
+    let status = loop {
+        match stream.responses.message().await {
+            Err(status) => break status,
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the stream ended without an error"),
+        }
+    };
+    assert!(
+        status.message().contains("message length too large"),
+        "{status:?}"
+    );
+    // The daemon goes on serving the next calc process.
+    daemon.wait_for_log("calc stream ended", 1);
+    let mut next = Stream::open(&daemon).await;
+    next.send(vec![message(NODE_B, 1)]).await;
+    next.batch_covering(1).await;
+}
+
+/// Writes `junk` on a raw connection and reads until the daemon hangs up.
+fn send_junk(daemon: &Daemon, junk: &[u8]) -> Vec<u8> {
+    let mut conn = UnixStream::connect(&daemon.socket).expect("connect");
+    // A daemon that kept the connection would fail the test, not hang it.
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    conn.write_all(junk).expect("write junk");
+    let mut answer = Vec::new();
+    match conn.read_to_end(&mut answer) {
+        Ok(_) => answer,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => answer,
+        Err(e) => panic!("the daemon did not hang up on junk: {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn junk_on_the_socket_drops_that_connection_only() {
+    let daemon = Daemon::memory(&[]);
+    let random: Vec<u8> = (0u32..4096)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    // The HTTP/2 preface, then a SETTINGS frame whose length is not a
+    // multiple of 6: a connection error.
+    let broken_h2 = [
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".as_slice(),
+        &[0, 0, 5, 4, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5],
+    ]
+    .concat();
+    for junk in [
+        random,
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        broken_h2,
+    ] {
+        send_junk(&daemon, &junk);
+        let state = daemon
+            .client()
+            .await
+            .get_state(GetStateRequest {})
+            .await
+            .expect("still serving");
+        assert_eq!(state.into_inner().hostname, "node-a");
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_stops_reading_does_not_stall_the_daemon() {
+    let daemon = Daemon::memory(&["--heartbeat-interval", "1ms"]);
+    // Never read the responses: heartbeats and statuses pile up unread.
+    let stalled = Stream::open(&daemon).await;
+    let mut client = daemon.client().await;
+    for n in 2..=60u64 {
+        let node = format!("node-{n}");
+        let mac = format!("66:aa:00:00:01:{n:02x}");
+        let update = vtep(
+            &node,
+            &mac,
+            &format!("10.244.{n}.0"),
+            &format!("192.168.10.{n}"),
+        );
+        stalled.send(vec![message(&update, n)]).await;
+        // The daemon keeps answering, and keeps applying the stream.
+        let applied = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                let state = client.get_state(GetStateRequest {}).await.expect("serving");
+                let v4 = state.into_inner().ipv4.unwrap();
+                if v4.remote_vteps.iter().any(|v| v.node == node) {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(applied.is_ok(), "{node} never applied");
+    }
+}
