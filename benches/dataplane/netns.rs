@@ -120,14 +120,13 @@ impl Netns {
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
-}
 
-impl Netns {
-    /// Deletes the routes of protocol 80 in one `ip -batch`. A nexthop
+    /// Deletes the routes of protocol 80 in one `ip -batch`. Each nexthop
     /// removed while routes still use it makes the kernel walk the whole
-    /// FIB (per nexthop: 25-100 s for 20,000 nodes × 4 blocks), and so
-    /// does removing the device or the namespace; without routes it is
-    /// quick. (`ip route flush` cannot delete routes that use a nexthop.)
+    /// FIB (25-100 s in all for 20,000 nodes × 4 blocks), and removing the
+    /// device or the namespace removes the nexthops; once the routes are
+    /// gone that is quick. (`ip route flush` cannot delete routes that use
+    /// a nexthop: the kernel refuses its request with EINVAL.)
     fn delete_routes(&self) -> Result<()> {
         let listed = self.ip(&["route", "show", "proto", "80"])?;
         let mut batch = String::new();
