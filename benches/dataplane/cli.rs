@@ -1,0 +1,121 @@
+//! Command-line options: `cargo bench --bench dataplane -- [OPTIONS] [SCENARIO]...`.
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, ValueEnum)]
+pub enum Scenario {
+    /// Programming a whole cluster from scratch: vxmgrd against ip -batch (root).
+    Cold,
+    /// Nodes joining, leaving and changing VTEP on a converged daemon (root).
+    Churn,
+    /// A resync with no drift over 25,000 nodes, in-process (root).
+    Resync,
+    /// Message throughput through the socket on the memory kernel.
+    Ingest,
+    /// Daemon resident memory, and heap per route in-process.
+    Rss,
+}
+
+impl Scenario {
+    /// Whether it programs a real kernel in network namespaces.
+    pub fn needs_kernel(self) -> bool {
+        matches!(self, Scenario::Cold | Scenario::Churn | Scenario::Resync)
+    }
+}
+
+impl std::fmt::Display for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.to_possible_value() {
+            Some(value) => f.write_str(value.get_name()),
+            None => write!(f, "{self:?}"),
+        }
+    }
+}
+
+/// Cluster sizes calc-stub can generate with 4 blocks per node (2^18 /26
+/// blocks in 10.0.0.0/8), with at least one remote node.
+fn nodes() -> clap::builder::RangedI64ValueParser<u32> {
+    clap::value_parser!(u32).range(2..=65536)
+}
+
+/// vxmgr's benchmark suite. Figures are printed, never asserted.
+#[derive(Parser, Debug)]
+#[command(name = "dataplane", about)]
+pub struct Cli {
+    /// Scenarios to run (default: all). Kernel scenarios need root and are
+    /// skipped without it; `rss` then measures the memory backend only.
+    #[arg(value_enum)]
+    pub scenarios: Vec<Scenario>,
+    /// Cluster sizes in nodes (× 4 blocks each) for cold, churn and rss
+    /// [default: 1000,5000,20000; --quick: 1000,5000].
+    #[arg(long, value_delimiter = ',', value_parser = nodes())]
+    pub sizes: Option<Vec<u32>>,
+    /// A fast smoke run: small sizes, few repetitions.
+    #[arg(long)]
+    pub quick: bool,
+    /// Operations of each kind in churn [default: 200; --quick: 30].
+    #[arg(long)]
+    pub churn_ops: Option<u32>,
+    /// Nodes for resync [default: 25000; --quick: 5000].
+    #[arg(long, value_parser = nodes())]
+    pub resync_nodes: Option<u32>,
+    /// Timed resyncs [default: 5; --quick: 3].
+    #[arg(long)]
+    pub resync_runs: Option<u32>,
+    /// Nodes for ingest [default: 20000].
+    #[arg(long, value_parser = nodes())]
+    pub ingest_nodes: Option<u32>,
+    /// Ingest repetitions [default: 3; --quick: 1].
+    #[arg(long)]
+    pub ingest_runs: Option<u32>,
+    /// Skip the inline-gateway builds in cold (their kernel cost grows with
+    /// the square of the number of gateways).
+    #[arg(long)]
+    pub no_inline: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    pub bench: bool,
+}
+
+/// Every setting, defaults resolved.
+#[derive(Debug)]
+pub struct Settings {
+    pub scenarios: Vec<Scenario>,
+    pub sizes: Vec<u32>,
+    pub churn_ops: u32,
+    pub resync_nodes: u32,
+    pub resync_runs: u32,
+    pub ingest_nodes: u32,
+    pub ingest_runs: u32,
+    pub inline: bool,
+}
+
+impl Cli {
+    pub fn settings(self) -> Settings {
+        let pick = |value: Option<u32>, full: u32, quick: u32| {
+            value.unwrap_or(if self.quick { quick } else { full })
+        };
+        let mut scenarios = if self.scenarios.is_empty() {
+            Scenario::value_variants().to_vec()
+        } else {
+            self.scenarios.clone()
+        };
+        scenarios.sort();
+        scenarios.dedup();
+        let default_sizes = if self.quick {
+            vec![1000, 5000]
+        } else {
+            vec![1000, 5000, 20000]
+        };
+        Settings {
+            scenarios,
+            sizes: self.sizes.clone().unwrap_or(default_sizes),
+            churn_ops: pick(self.churn_ops, 200, 30),
+            resync_nodes: pick(self.resync_nodes, 25_000, 5_000),
+            resync_runs: pick(self.resync_runs, 5, 3),
+            ingest_nodes: pick(self.ingest_nodes, 20_000, 20_000),
+            ingest_runs: pick(self.ingest_runs, 3, 1),
+            inline: !self.no_inline,
+        }
+    }
+}

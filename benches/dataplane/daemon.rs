@@ -1,0 +1,116 @@
+//! A vxmgrd on a private socket, stopped when dropped however the scenario
+//! ends.
+
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tempfile::TempDir;
+
+use crate::netns::Netns;
+
+pub const VXMGRD: &str = env!("CARGO_BIN_EXE_vxmgrd");
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Vxmgrd {
+    child: Child,
+    dir: TempDir,
+}
+
+impl Vxmgrd {
+    /// `vxmgrd --kernel memory --hostname node-0 ARGS`; the memory kernel
+    /// simulates an underlay holding every parent address.
+    pub fn memory(args: &[&str]) -> Result<Vxmgrd> {
+        let mut command = Command::new(VXMGRD);
+        command.args(["--kernel", "memory"]);
+        Vxmgrd::start(command, args)
+    }
+
+    /// `vxmgrd --kernel netlink --hostname node-0 ARGS` inside `netns`.
+    pub fn netlink(netns: &Netns, args: &[&str]) -> Result<Vxmgrd> {
+        let mut command = netns.command(VXMGRD);
+        command.args(["--kernel", "netlink"]);
+        Vxmgrd::start(command, args)
+    }
+
+    fn start(mut command: Command, args: &[&str]) -> Result<Vxmgrd> {
+        let dir = tempfile::tempdir()?;
+        let log = std::fs::File::create(dir.path().join("vxmgrd.log"))?;
+        let child = command
+            .args(["--hostname", "node-0", "--socket"])
+            .arg(dir.path().join("vxmgr.sock"))
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {VXMGRD}"))?;
+        let mut daemon = Vxmgrd { child, dir };
+        daemon.wait_until_serving()?;
+        Ok(daemon)
+    }
+
+    /// The socket is bound just before serving starts, and a connection
+    /// made in between waits in the backlog.
+    fn wait_until_serving(&mut self) -> Result<()> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while UnixStream::connect(self.socket()).is_err() {
+            if let Some(status) = self.child.try_wait()? {
+                bail!("vxmgrd exited ({status}) before serving:\n{}", self.log());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "vxmgrd not serving after {START_TIMEOUT:?}:\n{}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        Ok(())
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("vxmgr.sock")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("vxmgrd.log")).unwrap_or_default()
+    }
+
+    /// Resident memory (VmRSS), in bytes.
+    pub fn rss_bytes(&self) -> Result<u64> {
+        vm_rss(
+            &Path::new("/proc")
+                .join(self.child.id().to_string())
+                .join("status"),
+        )
+    }
+}
+
+fn vm_rss(status: &Path) -> Result<u64> {
+    let text = std::fs::read_to_string(status)?;
+    let kib = text
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .with_context(|| format!("no VmRSS in {}", status.display()))?;
+    Ok(kib * 1024)
+}
+
+impl Drop for Vxmgrd {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        // SIGTERM lets it remove its socket; SIGKILL if it does not stop.
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,126 @@
+//! The calc side of a Sync stream: numbers messages, sends them as fast as
+//! the stream takes them and waits for the batch statuses covering them.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Streaming;
+
+use vxmgr::wire::felix::ToDataplane;
+use vxmgr::wire::vxmgr::v1::{BatchResult, BatchStatus, SyncResponse, sync_response};
+
+/// Messages queued ahead of the stream: small, so "handed to the stream"
+/// is close to "taken by the stream".
+const QUEUE: usize = 64;
+
+const STATUS_TIMEOUT: Duration = Duration::from_secs(600);
+
+pub struct Session {
+    tx: mpsc::Sender<ToDataplane>,
+    responses: Streaming<SyncResponse>,
+    next_sequence: u64,
+}
+
+/// What one `send` saw.
+pub struct Delivery {
+    /// From the first message sent until the last was handed to the stream.
+    pub sent: Duration,
+    /// From the first message sent until the status covering the last one.
+    pub covered: Duration,
+    /// The statuses that arrived meanwhile, the covering one last.
+    pub statuses: Vec<BatchStatus>,
+}
+
+impl Delivery {
+    pub fn all_ok(&self) -> bool {
+        self.statuses
+            .iter()
+            .all(|s| s.result == BatchResult::Ok as i32)
+    }
+
+    /// The daemon's own apply time for these messages.
+    pub fn apply_time(&self) -> Duration {
+        self.statuses
+            .iter()
+            .map(|s| Duration::from_micros(u64::from(s.apply_micros)))
+            .sum()
+    }
+}
+
+impl Session {
+    /// Opens a Sync stream: for the daemon, the start of a resync.
+    pub async fn open(socket: &Path) -> Result<Session> {
+        let mut client = vxmgr::client::dataplane(socket)
+            .await
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let responses = client.sync(ReceiverStream::new(rx)).await?.into_inner();
+        Ok(Session {
+            tx,
+            responses,
+            next_sequence: 1,
+        })
+    }
+
+    /// Sends `messages`, numbered on from the previous ones, and waits for
+    /// the status covering the last of them.
+    pub async fn send(&mut self, messages: Vec<ToDataplane>) -> Result<Delivery> {
+        let first = self.next_sequence;
+        let last = first + messages.len() as u64 - 1;
+        self.next_sequence = last + 1;
+        let started = Instant::now();
+        let (tx, responses) = (&self.tx, &mut self.responses);
+        let sending = async move {
+            for (sequence, mut msg) in (first..).zip(messages) {
+                msg.sequence_number = sequence;
+                tx.send(msg).await.context("the stream closed")?;
+            }
+            Ok::<_, anyhow::Error>(started.elapsed())
+        };
+        let waiting = async {
+            let statuses = statuses_until(responses, last).await?;
+            Ok::<_, anyhow::Error>((started.elapsed(), statuses))
+        };
+        let waiting = async {
+            tokio::time::timeout(STATUS_TIMEOUT, waiting)
+                .await
+                .with_context(|| {
+                    format!("no status covering message {last} in {STATUS_TIMEOUT:?}")
+                })?
+        };
+        let (sent, (covered, statuses)) = tokio::try_join!(sending, waiting)?;
+        Ok(Delivery {
+            sent,
+            covered,
+            statuses,
+        })
+    }
+}
+
+/// Batch statuses up to the one covering message `last`; heartbeats and
+/// DataplaneInSync are passed over.
+async fn statuses_until(
+    responses: &mut Streaming<SyncResponse>,
+    last: u64,
+) -> Result<Vec<BatchStatus>> {
+    let mut statuses = Vec::new();
+    while let Some(response) = responses.next().await {
+        if let Some(sync_response::Payload::BatchStatus(status)) = response?.payload {
+            let done = status.last_sequence >= last;
+            statuses.push(status);
+            if done {
+                return Ok(statuses);
+            }
+        }
+    }
+    bail!("the daemon ended the stream before reporting message {last}")
+}
+
+/// A whole replay: a new stream carrying `messages`.
+pub async fn replay(socket: &Path, messages: Vec<ToDataplane>) -> Result<Delivery> {
+    Session::open(socket).await?.send(messages).await
+}
