@@ -121,6 +121,8 @@ pub struct Reconciler<B: KernelBackend> {
     ipset: Table<IpsetMember>,
     /// Our ipsets that exist in the kernel.
     ipsets_present: HashSet<String>,
+    /// Wanted nexthops still without an id (their device may be missing).
+    unassigned: HashSet<NexthopKey>,
     /// Notifications said a link or address changed.
     links_changed: bool,
     /// Notifications were lost.
@@ -196,6 +198,7 @@ impl<B: KernelBackend> Reconciler<B> {
             fdb: Table::default(),
             ipset: Table::default(),
             ipsets_present: HashSet::new(),
+            unassigned: HashSet::new(),
             links_changed: false,
             resync_due: false,
         }
@@ -236,6 +239,7 @@ impl<B: KernelBackend> Reconciler<B> {
             slot.desired = None;
         }
         self.nexthops.clear_desired();
+        self.unassigned.clear();
         self.routes.clear_desired();
         self.neighbors.clear_desired();
         self.fdb.clear_desired();
@@ -252,8 +256,11 @@ impl<B: KernelBackend> Reconciler<B> {
         }
         for change in delta.nexthops {
             let key = change.key.clone();
+            let wanted = change.desired.is_some();
             self.nexthops.set_desired(change);
-            if self.nexthops.is_gone(&key) {
+            if wanted && self.nexthop_ids.get(&key).is_none() {
+                self.unassigned.insert(key);
+            } else if self.nexthops.is_gone(&key) {
                 self.nexthop_ids.release(&key);
             }
         }
@@ -345,6 +352,14 @@ impl<B: KernelBackend> Reconciler<B> {
             .reset_actual(state.routes.iter().map(|r| (r.dst, *r)));
         let keyed = self.nexthop_ids.reset(state.nexthops.clone());
         self.nexthops.reset_actual(keyed);
+        let ids = &self.nexthop_ids;
+        self.unassigned.extend(
+            self.nexthops
+                .desired
+                .keys()
+                .filter(|k| ids.get(k).is_none())
+                .cloned(),
+        );
         self.neighbors
             .reset_actual(state.neighbors.iter().map(|n| (n.address, *n)));
         self.fdb.reset_actual(
@@ -624,19 +639,27 @@ impl<B: KernelBackend> Reconciler<B> {
         execute(&mut self.backend, &mut self.fdb, fdb, report).await;
     }
 
-    /// Gives every wanted nexthop an id, adopting matching kernel nexthops.
+    /// Gives the wanted nexthops that have none an id, adopting matching
+    /// kernel nexthops. Only nodes new since the last pass are looked at.
     fn assign_nexthop_ids(&mut self) {
-        for (key, nexthop) in &self.nexthops.desired {
-            if self.nexthop_ids.get(key).is_some() {
-                continue;
-            }
-            let Some(index) = self.devices[key.0 as usize].link.as_ref().map(|l| l.index) else {
-                continue;
+        let devices = &self.devices;
+        let nexthops = &mut self.nexthops;
+        let ids = &mut self.nexthop_ids;
+        self.unassigned.retain(|key| {
+            let Some(nexthop) = nexthops.desired.get(key) else {
+                return false;
             };
-            if let (_, Some(adopted)) = self.nexthop_ids.assign(nexthop, index) {
-                self.nexthops.actual.insert(key.clone(), adopted);
+            if ids.get(key).is_some() {
+                return false;
             }
-        }
+            let Some(index) = devices[key.0 as usize].link.as_ref().map(|l| l.index) else {
+                return true;
+            };
+            if let (_, Some(adopted)) = ids.assign(nexthop, index) {
+                nexthops.actual.insert(key.clone(), adopted);
+            }
+            false
+        });
     }
 
     /// Our nexthops in the kernel that no node claimed.
@@ -737,6 +760,7 @@ impl<B: KernelBackend> Reconciler<B> {
             };
             if let Some(reason) = reason {
                 info!(device = %l.name, %reason, "deleting device");
+                self.delete_device_dependents(l.index).await;
                 let op = KernelOp::DeleteLink {
                     index: l.index,
                     name: l.name.clone(),
@@ -816,6 +840,35 @@ impl<B: KernelBackend> Reconciler<B> {
                 false
             }
         }
+    }
+
+    /// Deletes the routes and nexthops through a device before the device:
+    /// the kernel would remove them too, but walks the whole routing table
+    /// for each nexthop it removes that way (tens of seconds with tens of
+    /// thousands of nodes, holding the routing lock). Failures do not
+    /// matter: the device deletion removes what is left.
+    async fn delete_device_dependents(&mut self, index: u32) {
+        let nexthops: Vec<KernelNexthop> = self
+            .nexthops
+            .actual
+            .values()
+            .filter(|n| n.ifindex == index)
+            .copied()
+            .collect();
+        let ids: HashSet<u32> = nexthops.iter().map(|n| n.id).collect();
+        let routes: Vec<KernelOp> = self
+            .routes
+            .actual
+            .values()
+            .filter(|r| {
+                r.ifindex() == Some(index)
+                    || matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id))
+            })
+            .map(|r| KernelOp::DeleteRoute(*r))
+            .collect();
+        self.backend.apply(&routes).await;
+        let nexthops: Vec<KernelOp> = nexthops.into_iter().map(KernelOp::DeleteNexthop).collect();
+        self.backend.apply(&nexthops).await;
     }
 
     /// The kernel drops a device's routes, nexthops, neighbours and FDB

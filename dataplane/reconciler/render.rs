@@ -51,6 +51,21 @@ impl Programmable for Route {
     fn delete_op(kernel: &KernelRoute) -> KernelOp {
         KernelOp::DeleteRoute(*kernel)
     }
+
+    /// Routes through the same gateway one after another: the kernel's cost
+    /// of inline-gateway routes grows with the distinct gateways it has to
+    /// compare, and adding them grouped is several times faster (DESIGN.md §5).
+    fn order(route: &KernelRoute) -> u128 {
+        match route.via {
+            KernelRouteVia::Gateway { gateway, .. } => match gateway {
+                std::net::IpAddr::V4(ip) => u32::from(ip).into(),
+                std::net::IpAddr::V6(ip) => ip.into(),
+            },
+            KernelRouteVia::Nexthop(id) => id.into(),
+            KernelRouteVia::Link(index) => index.into(),
+            KernelRouteVia::Blackhole => 0,
+        }
+    }
 }
 
 impl Programmable for TunnelNexthop {

@@ -31,6 +31,11 @@ pub trait Programmable: Desired {
     fn render(&self, ctx: &dyn RenderContext) -> Option<Self::Kernel>;
     fn replace_op(kernel: &Self::Kernel) -> KernelOp;
     fn delete_op(kernel: &Self::Kernel) -> KernelOp;
+    /// Objects are programmed in this order; the kernel may be much faster
+    /// with some orders than others.
+    fn order(_kernel: &Self::Kernel) -> u128 {
+        0
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,6 +76,17 @@ impl<D: Programmable> Plan<D> {
 
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
+    }
+
+    /// Puts the operations in `Programmable::order`.
+    fn sort(&mut self) {
+        if self.ops.len() < 2 {
+            return;
+        }
+        let mut pairs: Vec<(KernelOp, Planned<D>)> =
+            self.ops.drain(..).zip(self.entries.drain(..)).collect();
+        pairs.sort_by_key(|(_, p)| p.after.as_ref().map_or(0, D::order));
+        (self.ops, self.entries) = pairs.into_iter().unzip();
     }
 }
 
@@ -338,6 +354,7 @@ impl<D: Programmable> Table<D> {
             );
         }
         self.pending.extend(waiting);
+        plan.sort();
         plan
     }
 
