@@ -263,3 +263,62 @@ fn in_sync_is_reported_only_from_the_batch_that_holds_it() {
         assert_eq!(s["inSync"] == true, covers_in_sync, "{s}");
     }
 }
+
+#[tokio::test]
+async fn only_allowed_uids_get_in() {
+    let me = nix::unistd::getuid().as_raw();
+    let stranger = me.wrapping_add(4242).to_string();
+    let refusing = Daemon::memory(&["--allow-uid", &stranger]);
+    let refused = match vxmgr::client::dataplane(&refusing.socket).await {
+        Err(_) => true,
+        Ok(mut client) => client.get_state(GetStateRequest {}).await.is_err(),
+    };
+    assert!(refused, "uid {me} is not in --allow-uid {stranger}");
+    refusing.wait_for_log("refused a connection from a uid not allowed", 1);
+
+    let allowing = Daemon::memory(&["--allow-uid", &format!("{stranger},{me}")]);
+    let state = allowing
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .expect("an allowed uid gets in");
+    assert_eq!(state.into_inner().hostname, "node-a");
+}
+
+/// Inodes of the TCP sockets in LISTEN state, from /proc/net/tcp{,6}.
+fn listening_tcp_inodes() -> Vec<String> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .map(|l| l.split_whitespace().map(String::from).collect::<Vec<_>>())
+                .filter(|fields| fields.get(3).is_some_and(|st| st == "0A"))
+                .filter_map(|mut fields| (fields.len() > 9).then(|| fields.swap_remove(9)))
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[test]
+fn there_is_no_tcp_listener() {
+    let daemon = Daemon::memory(&[]);
+    let listening = listening_tcp_inodes();
+    let fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid())).unwrap();
+    for fd in fds {
+        let target = std::fs::read_link(fd.unwrap().path()).unwrap_or_default();
+        let target = target.to_string_lossy();
+        if let Some(inode) = target
+            .strip_prefix("socket:[")
+            .and_then(|s| s.strip_suffix(']'))
+        {
+            assert!(
+                !listening.iter().any(|l| l == inode),
+                "vxmgrd listens on TCP (socket inode {inode})"
+            );
+        }
+    }
+}

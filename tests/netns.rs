@@ -575,3 +575,128 @@ async fn a_fight_with_another_agent_backs_off_and_shows_in_health() {
     let log = node.log_text();
     assert!(log.contains("another agent keeps changing"), "{log}");
 }
+
+/// Node 1's view with `extra` more (fake) remote nodes, so that its
+/// snapshot takes several batches.
+fn big_view(cluster: &Cluster, extra: u32) -> Vec<String> {
+    let mut view = cluster.view(1, false);
+    let in_sync = view.pop().expect("the view ends with InSync");
+    for i in 0..extra {
+        let (hi, lo) = (i / 200, i % 200);
+        view.push(format!(
+            r#"{{"vtepUpdate": {{"node": "fake-{i}", "mac": "66:cc:00:00:{hi:02x}:{lo:02x}", "ipv4Addr": "10.200.{hi}.{lo}", "parentDeviceIp": "172.20.{hi}.{lo}"}}}}"#
+        ));
+        view.push(format!(
+            r#"{{"routeUpdate": {{"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.{}.{}.0/24", "dstNodeName": "fake-{i}"}}}}"#,
+            100 + hi,
+            lo
+        ));
+    }
+    view.push(in_sync);
+    view
+}
+
+/// Counts of our objects on node 1: routes (v4), nexthops, neighbours, FDB
+/// entries, ipset members.
+fn census(ns: &str) -> [usize; 5] {
+    let count = |v: Value| v.as_array().map_or(0, Vec::len);
+    let fdb: Value = serde_json::from_str(&run_in(
+        ns,
+        &["bridge", "-j", "fdb", "show", "dev", "vxlan.calico"],
+    ))
+    .unwrap();
+    [
+        count(ip_json(ns, &["-4", "route", "show", "proto", "80"])),
+        count(ip_json(ns, &["nexthop", "show", "proto", "80"])),
+        count(ip_json(ns, &["neigh", "show", "dev", "vxlan.calico"])),
+        fdb.as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["state"] == "permanent" && !e["dst"].is_null())
+            .count(),
+        ipset_members(ns, "cali40all-vxlan-net").len(),
+    ]
+}
+
+#[test]
+fn a_daemon_killed_at_any_point_converges_after_a_restart() {
+    if !can_run("a_daemon_killed_at_any_point_converges_after_a_restart") {
+        return;
+    }
+    let mut cluster = running_cluster(2, &[], false);
+    let view = big_view(&cluster, 1000);
+    let file = cluster.dir.join("big.jsonl");
+    std::fs::write(&file, view.join("\n") + "\n").unwrap();
+    cluster
+        .node(1)
+        .replay_ok(&cluster.dir, "big", &view)
+        .unwrap();
+    let ns = cluster.node(1).ns.clone();
+    let converged = census(&ns);
+    // 1 blackhole, 2 for node-2, 1000 fake blocks; nexthops in both families.
+    assert_eq!(converged, [1003, 1002, 1001, 1001, 1001]);
+
+    for kill_after in [0usize, 1, 3] {
+        // Restart from scratch each round: a world of node-2 only, then the
+        // big one, killed after `kill_after` statuses.
+        cluster.node_mut(1).start_daemon(&[]).unwrap();
+        cluster
+            .node(1)
+            .replay_ok(&cluster.dir, "small", &cluster.view(1, false))
+            .unwrap();
+        let mut replay = std::process::Command::new(support::CALC_STUB)
+            .args(["replay", "--step", "--socket"])
+            .arg(&cluster.node(1).socket)
+            .arg(&file)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut statuses =
+            std::io::BufRead::lines(std::io::BufReader::new(replay.stdout.take().unwrap()));
+        for _ in 0..kill_after {
+            statuses.next().expect("a status").unwrap();
+        }
+        cluster.node_mut(1).stop_daemon(libc::SIGKILL).unwrap();
+        let _ = replay.wait();
+
+        cluster.node_mut(1).start_daemon(&[]).unwrap();
+        cluster
+            .node(1)
+            .replay_ok(&cluster.dir, "again", &view)
+            .unwrap();
+        assert_eq!(census(&ns), converged, "killed after {kill_after} statuses");
+    }
+    assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
+}
+
+#[test]
+fn a_calc_process_that_disconnects_mid_snapshot_removes_nothing() {
+    if !can_run("a_calc_process_that_disconnects_mid_snapshot_removes_nothing") {
+        return;
+    }
+    let cluster = running_cluster(3, &[], false);
+    let a = cluster.node(1);
+    let mut monitor = Monitor::start(&a.ns, &["neigh"]).unwrap();
+    // A new stream that declares only part of the world, then goes away
+    // before its InSync.
+    let mut partial = cluster.view_of(1, &[1, 2], false);
+    partial.pop();
+    a.replay_ok(&cluster.dir, "partial", &partial).unwrap();
+    monitor.sync().unwrap();
+    let ours: Vec<&String> = monitor
+        .seen
+        .iter()
+        .filter(|l| l.contains("vxlan") || l.contains("proto 80"))
+        .collect();
+    assert!(
+        ours.is_empty(),
+        "nothing changes before an InSync: {ours:#?}"
+    );
+    assert!(
+        routes(&a.ns, "-4")
+            .iter()
+            .any(|r| r.starts_with("10.244.3.0/26"))
+    );
+    assert!(ping(&a.pod_ns(), &cluster.node(3).pod_v4()));
+}
