@@ -166,7 +166,10 @@ fn churn(bench: &Bench, nodes: u32) -> Result<Samples> {
 
 /// The view of the first `nodes` nodes (ending with InSync), and each
 /// further node's messages: its VTEP, then its routes.
-fn split(world: Vec<ToDataplane>, nodes: u32) -> (Vec<ToDataplane>, Vec<Vec<ToDataplane>>) {
+pub(crate) fn split(
+    world: Vec<ToDataplane>,
+    nodes: u32,
+) -> (Vec<ToDataplane>, Vec<Vec<ToDataplane>>) {
     let mut snapshot = Vec::new();
     let mut joiners: BTreeMap<u32, Vec<ToDataplane>> = BTreeMap::new();
     for msg in world {
@@ -179,7 +182,7 @@ fn split(world: Vec<ToDataplane>, nodes: u32) -> (Vec<ToDataplane>, Vec<Vec<ToDa
 }
 
 /// A node leaving: its routes removed, then its VTEP.
-fn leave(joiner: &[ToDataplane]) -> Result<Vec<ToDataplane>> {
+pub(crate) fn leave(joiner: &[ToDataplane]) -> Result<Vec<ToDataplane>> {
     let mut node = None;
     let mut messages = Vec::new();
     for msg in joiner {
@@ -202,7 +205,7 @@ fn leave(joiner: &[ToDataplane]) -> Result<Vec<ToDataplane>> {
 
 /// `count` remote nodes spread over the cluster, each moving its VTEP to
 /// the next tunnel address and another MAC.
-fn vtep_changes(snapshot: &[ToDataplane], count: usize) -> Result<Vec<ToDataplane>> {
+pub(crate) fn vtep_changes(snapshot: &[ToDataplane], count: usize) -> Result<Vec<ToDataplane>> {
     let remotes: Vec<&VxlanTunnelEndpointUpdate> = snapshot
         .iter()
         .filter_map(|m| match &m.payload {

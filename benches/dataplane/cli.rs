@@ -14,12 +14,18 @@ pub enum Scenario {
     Ingest,
     /// Daemon resident memory, and heap per route in-process.
     Rss,
+    /// Minutes of churn against the netlink backend: flat memory, no leaked
+    /// kernel objects (root; not part of the default set).
+    Soak,
 }
 
 impl Scenario {
     /// Whether it programs a real kernel in network namespaces.
     pub fn needs_kernel(self) -> bool {
-        matches!(self, Scenario::Cold | Scenario::Churn | Scenario::Resync)
+        matches!(
+            self,
+            Scenario::Cold | Scenario::Churn | Scenario::Resync | Scenario::Soak
+        )
     }
 }
 
@@ -72,6 +78,12 @@ pub struct Cli {
     /// the square of the number of gateways).
     #[arg(long)]
     pub no_inline: bool,
+    /// Nodes for soak [default: 2000].
+    #[arg(long, value_parser = nodes())]
+    pub soak_nodes: Option<u32>,
+    /// How long soak churns, in seconds [default: 180; --quick: 20].
+    #[arg(long)]
+    pub soak_seconds: Option<u32>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub bench: bool,
@@ -88,6 +100,8 @@ pub struct Settings {
     pub ingest_nodes: u32,
     pub ingest_runs: u32,
     pub inline: bool,
+    pub soak_nodes: u32,
+    pub soak_duration: std::time::Duration,
 }
 
 impl Cli {
@@ -96,7 +110,11 @@ impl Cli {
             value.unwrap_or(if self.quick { quick } else { full })
         };
         let mut scenarios = if self.scenarios.is_empty() {
-            Scenario::value_variants().to_vec()
+            Scenario::value_variants()
+                .iter()
+                .copied()
+                .filter(|s| *s != Scenario::Soak)
+                .collect()
         } else {
             self.scenarios.clone()
         };
@@ -116,6 +134,12 @@ impl Cli {
             ingest_nodes: pick(self.ingest_nodes, 20_000, 20_000),
             ingest_runs: pick(self.ingest_runs, 3, 1),
             inline: !self.no_inline,
+            soak_nodes: self.soak_nodes.unwrap_or(2000),
+            soak_duration: std::time::Duration::from_secs(u64::from(pick(
+                self.soak_seconds,
+                180,
+                20,
+            ))),
         }
     }
 }

@@ -18,6 +18,7 @@ mod netns;
 mod report;
 mod resync;
 mod rss;
+mod soak;
 mod stream;
 
 use std::process::ExitCode;
@@ -67,6 +68,7 @@ fn main() -> ExitCode {
             Scenario::Resync => resync::run(&bench),
             Scenario::Ingest => ingest::run(&bench),
             Scenario::Rss => rss::run(&bench),
+            Scenario::Soak => soak::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(
