@@ -26,7 +26,7 @@ use crate::kernel::objects::{
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
 use nexthops::NexthopIds;
-use table::{Effect, Plan, Programmable, RenderContext, Table};
+use table::{AnyTable, Effect, Plan, Programmable, RenderContext, Table};
 
 /// Whether tunnel routes use nexthop objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -217,6 +217,27 @@ impl<B: KernelBackend> Reconciler<B> {
         self.use_nexthops
     }
 
+    /// Every table, for what is done to all of them alike.
+    fn tables(&self) -> [&dyn AnyTable; 5] {
+        [
+            &self.nexthops,
+            &self.routes,
+            &self.neighbors,
+            &self.fdb,
+            &self.ipset,
+        ]
+    }
+
+    fn tables_mut(&mut self) -> [&mut dyn AnyTable; 5] {
+        [
+            &mut self.nexthops,
+            &mut self.routes,
+            &mut self.neighbors,
+            &mut self.fdb,
+            &mut self.ipset,
+        ]
+    }
+
     fn ownership(&self) -> Ownership {
         Ownership {
             protocol: self.route_protocol,
@@ -238,12 +259,10 @@ impl<B: KernelBackend> Reconciler<B> {
         for slot in &mut self.devices {
             slot.desired = None;
         }
-        self.nexthops.clear_desired();
         self.unassigned.clear();
-        self.routes.clear_desired();
-        self.neighbors.clear_desired();
-        self.fdb.clear_desired();
-        self.ipset.clear_desired();
+        self.tables_mut()
+            .into_iter()
+            .for_each(|t| t.clear_desired());
     }
 
     /// Applies one batch from the manager.
@@ -310,20 +329,14 @@ impl<B: KernelBackend> Reconciler<B> {
         for slot in &mut self.devices {
             slot.dirty = true;
         }
-        self.nexthops.mark_stale();
-        self.routes.mark_stale();
-        self.neighbors.mark_stale();
-        self.fdb.mark_stale();
-        self.ipset.mark_stale();
+        self.tables_mut().into_iter().for_each(|t| t.mark_stale());
     }
 
     /// Every wanted object is to be checked again.
     fn mark_all_pending(&mut self) {
-        self.nexthops.mark_all_pending();
-        self.routes.mark_all_pending();
-        self.neighbors.mark_all_pending();
-        self.fdb.mark_all_pending();
-        self.ipset.mark_all_pending();
+        self.tables_mut()
+            .into_iter()
+            .for_each(|t| t.mark_all_pending());
     }
 
     /// Reads everything of ours from the kernel and makes it match: the
@@ -401,39 +414,26 @@ impl<B: KernelBackend> Reconciler<B> {
 
     /// Retries failed objects whose backoff has passed.
     pub async fn retry(&mut self, now: Instant) -> Report {
-        self.nexthops.retry_due(now);
-        self.routes.retry_due(now);
-        self.neighbors.retry_due(now);
-        self.fdb.retry_due(now);
-        self.ipset.retry_due(now);
+        self.tables_mut().into_iter().for_each(|t| t.retry_due(now));
         let mut report = Report::default();
         self.pass(&mut report).await;
         report
     }
 
     pub fn next_retry(&self) -> Option<Instant> {
-        [
-            self.nexthops.next_retry(),
-            self.routes.next_retry(),
-            self.neighbors.next_retry(),
-            self.fdb.next_retry(),
-            self.ipset.next_retry(),
-        ]
-        .into_iter()
-        .flatten()
-        .min()
+        self.tables()
+            .into_iter()
+            .filter_map(|t| t.next_retry())
+            .min()
     }
 
     /// Objects whose last operation failed, for GetState and health.
     pub fn failing(&self) -> Vec<ObjectError> {
         let devices = self.devices.iter().filter_map(|d| d.error.clone());
         let mut failing: Vec<ObjectError> = self
-            .nexthops
-            .failures()
-            .chain(self.routes.failures())
-            .chain(self.neighbors.failures())
-            .chain(self.fdb.failures())
-            .chain(self.ipset.failures())
+            .tables()
+            .into_iter()
+            .flat_map(|t| t.failures())
             .map(|f| ObjectError {
                 object: f.what.clone(),
                 error: f.error.to_string(),
@@ -554,9 +554,9 @@ impl<B: KernelBackend> Reconciler<B> {
     /// devices and parents when links changed, or a full resync after an
     /// overrun.
     pub async fn repair(&mut self, now: Instant) -> Result<Report, KernelError> {
-        self.routes.expire_contests(now);
-        self.neighbors.expire_contests(now);
-        self.fdb.expire_contests(now);
+        self.tables_mut()
+            .into_iter()
+            .for_each(|t| t.expire_contests(now));
         if std::mem::take(&mut self.resync_due) {
             self.links_changed = false;
             return self.resync().await;
@@ -581,11 +581,9 @@ impl<B: KernelBackend> Reconciler<B> {
             object: c.what,
         };
         let mut contested: Vec<ObjectError> = self
-            .routes
-            .contested(now)
+            .tables()
             .into_iter()
-            .chain(self.neighbors.contested(now))
-            .chain(self.fdb.contested(now))
+            .flat_map(|t| t.contested(now))
             .map(describe)
             .collect();
         contested.sort_by(|a, b| a.object.cmp(&b.object));

@@ -423,3 +423,49 @@ impl<D: Programmable> Table<D> {
         }
     }
 }
+
+/// What the reconciler does to every table alike, whatever its kind.
+pub trait AnyTable {
+    fn clear_desired(&mut self);
+    fn mark_stale(&mut self);
+    fn mark_all_pending(&mut self);
+    fn retry_due(&mut self, now: Instant);
+    fn next_retry(&self) -> Option<Instant>;
+    fn failures(&self) -> Vec<&Failure>;
+    fn contested(&self, now: Instant) -> Vec<Contested>;
+    fn expire_contests(&mut self, now: Instant);
+}
+
+impl<D: Programmable> AnyTable for Table<D> {
+    fn clear_desired(&mut self) {
+        Table::clear_desired(self)
+    }
+
+    fn mark_stale(&mut self) {
+        Table::mark_stale(self)
+    }
+
+    fn mark_all_pending(&mut self) {
+        Table::mark_all_pending(self)
+    }
+
+    fn retry_due(&mut self, now: Instant) {
+        Table::retry_due(self, now)
+    }
+
+    fn next_retry(&self) -> Option<Instant> {
+        Table::next_retry(self)
+    }
+
+    fn failures(&self) -> Vec<&Failure> {
+        Table::failures(self).collect()
+    }
+
+    fn contested(&self, now: Instant) -> Vec<Contested> {
+        Table::contested(self, now)
+    }
+
+    fn expire_contests(&mut self, now: Instant) {
+        Table::expire_contests(self, now)
+    }
+}

@@ -67,9 +67,18 @@ pub fn read_file(path: &Path) -> Result<Vec<ToDataplane>, ReplayError> {
         source,
     };
     let file = File::open(path).map_err(io_err)?;
-    match ReplayFormat::for_path(path) {
-        ReplayFormat::Jsonl => read_jsonl(path, BufReader::new(file)),
-        ReplayFormat::Framed => read_framed(path, BufReader::new(file)),
+    read(path, ReplayFormat::for_path(path), BufReader::new(file))
+}
+
+/// Reads every message from `reader`; errors name `path`.
+pub fn read(
+    path: &Path,
+    format: ReplayFormat,
+    reader: impl BufRead,
+) -> Result<Vec<ToDataplane>, ReplayError> {
+    match format {
+        ReplayFormat::Jsonl => read_jsonl(path, reader),
+        ReplayFormat::Framed => read_framed(path, reader),
     }
 }
 
