@@ -172,6 +172,24 @@ pub struct Ownership {
     pub ipsets: Vec<(String, Family)>,
 }
 
+impl Ownership {
+    /// vxmgr's objects: its devices and ipsets of both families, and routes
+    /// and nexthops with `protocol`.
+    pub fn of_vxmgr(protocol: u8) -> Ownership {
+        Ownership {
+            protocol,
+            devices: Family::ALL
+                .iter()
+                .map(|f| f.device_name().to_string())
+                .collect(),
+            ipsets: Family::ALL
+                .iter()
+                .map(|f| (f.ipset_name().to_string(), *f))
+                .collect(),
+        }
+    }
+}
+
 /// Everything of ours the kernel holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelState {

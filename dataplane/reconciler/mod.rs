@@ -238,20 +238,6 @@ impl<B: KernelBackend> Reconciler<B> {
         ]
     }
 
-    fn ownership(&self) -> Ownership {
-        Ownership {
-            protocol: self.route_protocol,
-            devices: Family::ALL
-                .iter()
-                .map(|f| f.device_name().to_string())
-                .collect(),
-            ipsets: Family::ALL
-                .iter()
-                .map(|f| (f.ipset_name().to_string(), *f))
-                .collect(),
-        }
-    }
-
     /// A new stream starts: it will declare everything again, and nothing is
     /// removed until its InSync.
     pub fn begin_stream(&mut self) {
@@ -343,7 +329,10 @@ impl<B: KernelBackend> Reconciler<B> {
     /// start-up adoption, the periodic refresh and the repair after an overrun.
     pub async fn resync(&mut self) -> Result<Report, KernelError> {
         let started = Instant::now();
-        let state = self.backend.dump(&self.ownership()).await?;
+        let state = self
+            .backend
+            .dump(&Ownership::of_vxmgr(self.route_protocol))
+            .await?;
         let mut report = Report::default();
         for family in Family::ALL {
             let slot = &mut self.devices[family as usize];
