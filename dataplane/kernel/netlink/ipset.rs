@@ -40,9 +40,7 @@ impl NetlinkBackend {
     ) -> Result<(), KernelError> {
         match change {
             IpsetChange::Update { add, del } => self.update_ipset(name, family, add, del).await,
-            IpsetChange::Replace { members } => {
-                ipset_restore::replace(name, family, members).await
-            }
+            IpsetChange::Replace { members } => ipset_restore::replace(name, family, members).await,
         }
     }
 
@@ -174,7 +172,7 @@ fn is_missing_set(error: &KernelError) -> bool {
     error.errno == Some(libc::ENOENT)
 }
 
-/// The kernel's ipset codes (beyond the errno range) in `ipset`'s words.
+/// The kernel's ipset codes (beyond the errno range) worded.
 fn describe(error: KernelError) -> KernelError {
     match error.errno.and_then(error_text) {
         Some(text) => KernelError {

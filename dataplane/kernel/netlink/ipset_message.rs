@@ -54,21 +54,18 @@ const HEADER_LEN: usize = 4;
 /// for sets of either family, and so does vxmgr.
 const HEADER_FAMILY: u8 = libc::AF_INET as u8;
 
-/// Codes the kernel answers with beyond the errno range
-/// (`enum ipset_errno` and the hash types' own), for those a set of
-/// vxmgr's can meet, with what `ipset` says about them.
+/// Codes of the kernel's ipset module beyond the errno range
+/// (`enum ipset_errno`, and IPSET_ERR_HASH_FULL of the hash types) that a
+/// request of vxmgr's can meet, worded after `ipset`'s messages.
 const ERRORS: &[(i32, &str)] = &[
     (4097, "ipset protocol error"),
     (4098, "set type not supported by the kernel"),
     (4099, "the kernel's limit on the number of sets is reached"),
     (4104, "the prefix length is out of range for the set"),
-    (4109, "an IPv4 address was expected"),
-    (4110, "an IPv6 address was expected"),
     (4352, "the set is full (maxelem reached)"),
-    (4353, "null-valued element, cannot be stored in the set"),
 ];
 
-/// What `ipset` says about a code of the kernel's ipset module.
+/// How a code of the kernel's ipset module reads.
 pub fn error_text(errno: i32) -> Option<&'static str> {
     ERRORS
         .iter()
@@ -319,7 +316,9 @@ fn parse_data(value: &[u8]) -> Result<Vec<DataAttribute>, DecodeError> {
 }
 
 impl IpsetAttribute {
-    fn elements(elements: &[Vec<DataAttribute>]) -> impl Iterator<Item = Nested<'_, DataAttribute>> {
+    fn elements(
+        elements: &[Vec<DataAttribute>],
+    ) -> impl Iterator<Item = Nested<'_, DataAttribute>> {
         elements.iter().map(|e| Nested(IPSET_ATTR_DATA, e))
     }
 }
@@ -333,9 +332,9 @@ impl Nla for IpsetAttribute {
             // NUL-terminated, as the kernel's NLA_NUL_STRING policy wants.
             IpsetAttribute::SetName(s) | IpsetAttribute::TypeName(s) => s.len() + 1,
             IpsetAttribute::Data(attributes) => attributes.as_slice().buffer_len(),
-            IpsetAttribute::Adt(elements) => {
-                IpsetAttribute::elements(elements).map(|e| e.buffer_len()).sum()
-            }
+            IpsetAttribute::Adt(elements) => IpsetAttribute::elements(elements)
+                .map(|e| e.buffer_len())
+                .sum(),
             IpsetAttribute::Other(nla) => nla.value_len(),
         }
     }
