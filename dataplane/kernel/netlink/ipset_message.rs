@@ -41,9 +41,10 @@ const IPSET_ATTR_MAXELEM: u16 = 19;
 const IPSET_ATTR_IPADDR_IPV4: u16 = 1;
 const IPSET_ATTR_IPADDR_IPV6: u16 = 2;
 
-/// The protocol version every message carries. Kernels before 5.6 accept
-/// exactly 6; later ones accept 6 and 7 (IPSET_PROTOCOL_MIN is 6), and 7
-/// only adds the set's index to list answers, which vxmgr does not read.
+/// The protocol version every message carries. Kernels of IPSET_PROTOCOL 6
+/// accept exactly 6; those of protocol 7 accept anything from
+/// IPSET_PROTOCOL_MIN (6) up, and 7 only adds the set's index to list
+/// answers, which vxmgr does not read.
 const PROTOCOL: u8 = 6;
 
 /// `struct nfgenmsg`: family, NFNETLINK_V0, resource id.
