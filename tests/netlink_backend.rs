@@ -1105,6 +1105,35 @@ fn ipset_member_changes_over_netlink() {
             let dumped = state.ipsets.iter().find(|(n, _)| *n == name);
             assert_eq!(dumped, Some(&(name.clone(), vec![net(prefix)])));
 
+            // Members beyond what one message holds, and a dump answered in
+            // several messages.
+            let many: Vec<IpNetwork> = (0..1000u16)
+                .map(|i| match family {
+                    Family::V4 => format!("10.100.{}.{}/32", i / 250, i % 250),
+                    Family::V6 => format!("2001:db8:100::{i:x}/128"),
+                })
+                .map(|m| net(&m))
+                .collect();
+            let bulk = |add: &[IpNetwork], del: &[IpNetwork]| KernelOp::Ipset {
+                name: name.clone(),
+                family,
+                change: IpsetChange::Update {
+                    add: add.to_vec(),
+                    del: del.to_vec(),
+                },
+            };
+            apply_ok(&mut backend, &[bulk(&many, &[])]).await;
+            let mut all = many.clone();
+            all.push(net(prefix));
+            all.sort();
+            assert_eq!(probe.ipset_members(&name).as_ref(), Some(&all));
+            let mut state = backend.dump(&ownership()).await.unwrap();
+            let dumped = state.ipsets.iter_mut().find(|(n, _)| *n == name).unwrap();
+            dumped.1.sort();
+            assert_eq!(dumped.1, all);
+            apply_ok(&mut backend, &[bulk(&[], &many)]).await;
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[prefix])));
+
             // The kernel's ipset error codes are worded; the good members of
             // a refused update still go in.
             let error = apply_err(&mut backend, op(&[refused, host], &[])).await;

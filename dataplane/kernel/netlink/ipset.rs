@@ -1,9 +1,10 @@
 //! The ipsets of allowed VXLAN sources. Member changes and reads go over
-//! netlink, all of a change's requests in flight at once: starting `ipset`
+//! netlink, all of a change's messages in flight at once: starting `ipset`
 //! costs a fork and an exec (1–2 ms) per change. A full replace still goes
 //! through `ipset restore` (ipset_restore.rs).
 
-use futures::stream::{self, StreamExt};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use ipnetwork::IpNetwork;
 use rtnetlink::packet_core::NLM_F_CREATE;
 
@@ -24,10 +25,14 @@ pub(super) const MAX_ELEMENTS: u32 = 1_048_576;
 /// (from a newer kernel) could not be listed, saved or replaced with it.
 const NEWEST_KNOWN_REVISION: u8 = 7;
 
-/// A member request the kernel refused.
-struct Refused {
+/// Members in one add or del message. Each message costs a round through
+/// the kernel whatever it holds; 256 members of either family fit in 10 KB.
+const MEMBERS_PER_MESSAGE: usize = 256;
+
+/// Members of one message, and the kernel's refusal.
+struct Refused<'a> {
     command: IpsetCommand,
-    member: IpNetwork,
+    members: &'a [IpNetwork],
     error: KernelError,
 }
 
@@ -44,9 +49,9 @@ impl NetlinkBackend {
         }
     }
 
-    /// Adds and deletes members, one request each. A member that is already
-    /// there (or already gone) is no error, as with `ipset -exist`. A set
-    /// found missing is created, and the members it refused are sent again.
+    /// Adds and deletes members. A member that is already there (or already
+    /// gone) is no error, as with `ipset -exist`. A set found missing is
+    /// created, and the messages it refused are sent again.
     async fn update_ipset(
         &self,
         name: &str,
@@ -54,36 +59,48 @@ impl NetlinkBackend {
         add: &[IpNetwork],
         del: &[IpNetwork],
     ) -> Result<(), KernelError> {
-        let changes: Vec<_> = add
-            .iter()
-            .map(|m| (IpsetCommand::Add, *m))
-            .chain(del.iter().map(|m| (IpsetCommand::Del, *m)))
+        let messages: Vec<_> = (add.chunks(MEMBERS_PER_MESSAGE))
+            .map(|m| (IpsetCommand::Add, m))
+            .chain(
+                del.chunks(MEMBERS_PER_MESSAGE)
+                    .map(|m| (IpsetCommand::Del, m)),
+            )
             .collect();
-        if changes.is_empty() {
+        if messages.is_empty() {
             return self.create_ipset(name, family).await;
         }
-        let mut refused = self.send_members(name, changes).await;
+        let mut refused = self.send_members(name, messages).await;
         if refused.iter().any(|r| is_missing_set(&r.error)) {
             self.create_ipset(name, family).await?;
             let (missing, others): (Vec<_>, Vec<_>) =
                 refused.into_iter().partition(|r| is_missing_set(&r.error));
             refused = others;
-            let again = missing.into_iter().map(|r| (r.command, r.member));
+            let again = missing.iter().map(|r| (r.command, r.members)).collect();
             refused.extend(self.send_members(name, again).await);
         }
+        // The kernel stops at the first member of a message it refuses and
+        // says nothing of which it was: each member of a refused message is
+        // sent alone, which names the bad ones and applies the rest.
+        let (mut refused, several): (Vec<_>, Vec<_>) =
+            refused.into_iter().partition(|r| r.members.len() == 1);
+        let alone = several
+            .iter()
+            .flat_map(|r| r.members.chunks(1).map(|m| (r.command, m)))
+            .collect();
+        refused.extend(self.send_members(name, alone).await);
         let count = refused.len();
         match refused.into_iter().next() {
             None => Ok(()),
             Some(Refused {
                 command,
-                member,
+                members,
                 error,
             }) => {
                 let verb = match command {
                     IpsetCommand::Add => "adding",
                     _ => "deleting",
                 };
-                let mut error = context(&format!("{verb} {member}"), error);
+                let mut error = context(&format!("{verb} {}", members[0]), error);
                 if count > 1 {
                     error.message += &format!(" (and {} more)", count - 1);
                 }
@@ -92,27 +109,47 @@ impl NetlinkBackend {
         }
     }
 
-    /// Sends every change at once (up to MAX_IN_FLIGHT); returns the
-    /// refused ones. Without NLM_F_EXCL the kernel takes each as `-exist`.
-    async fn send_members(
+    /// Sends the messages all at once (up to MAX_IN_FLIGHT); returns the
+    /// refused ones.
+    async fn send_members<'a>(
         &self,
         name: &str,
-        changes: impl IntoIterator<Item = (IpsetCommand, IpNetwork)>,
-    ) -> Vec<Refused> {
-        stream::iter(changes)
-            .map(|(command, member)| async move {
-                let message = IpsetMessage::member(command, name, member);
-                let result = self.ipsets.request(message, 0).await;
-                result.err().map(|error| Refused {
-                    command,
-                    member,
-                    error,
-                })
-            })
-            .buffer_unordered(MAX_IN_FLIGHT)
-            .filter_map(futures::future::ready)
-            .collect()
-            .await
+        messages: Vec<(IpsetCommand, &'a [IpNetwork])>,
+    ) -> Vec<Refused<'a>> {
+        let mut messages = messages.into_iter();
+        let mut in_flight = FuturesUnordered::new();
+        let mut refused = Vec::new();
+        loop {
+            while in_flight.len() < MAX_IN_FLIGHT {
+                match messages.next() {
+                    Some((command, members)) => {
+                        in_flight.push(self.send_message(name, command, members))
+                    }
+                    None => break,
+                }
+            }
+            match in_flight.next().await {
+                Some(Some(r)) => refused.push(r),
+                Some(None) => {}
+                None => return refused,
+            }
+        }
+    }
+
+    /// Without NLM_F_EXCL the kernel takes each member as `-exist`.
+    async fn send_message<'a>(
+        &self,
+        name: &str,
+        command: IpsetCommand,
+        members: &'a [IpNetwork],
+    ) -> Option<Refused<'a>> {
+        let message = IpsetMessage::members(command, name, members);
+        let error = self.ipsets.request(message, 0).await.err()?;
+        Some(Refused {
+            command,
+            members,
+            error,
+        })
     }
 
     /// `ipset create NAME hash:net family FAMILY maxelem MAX_ELEMENTS -exist`
@@ -157,7 +194,10 @@ impl NetlinkBackend {
             match self.ipsets.dump(IpsetMessage::list(name)).await {
                 Ok(answers) => found.push((
                     name.clone(),
-                    answers.iter().flat_map(IpsetMessage::members).collect(),
+                    answers
+                        .iter()
+                        .flat_map(IpsetMessage::listed_members)
+                        .collect(),
                 )),
                 Err(e) if is_missing_set(&e) => {}
                 Err(e) => return Err(context(&format!("listing ipset {name}"), e)),

@@ -31,6 +31,7 @@ const IPSET_ATTR_REVISION: u16 = 4;
 const IPSET_ATTR_FAMILY: u16 = 5;
 const IPSET_ATTR_DATA: u16 = 7;
 const IPSET_ATTR_ADT: u16 = 8;
+const IPSET_ATTR_LINENO: u16 = 9;
 
 // Attributes inside IPSET_ATTR_DATA.
 const IPSET_ATTR_IP: u16 = 1;
@@ -99,10 +100,12 @@ pub enum IpsetAttribute {
     /// In a type answer: the newest revision the kernel has.
     Revision(u8),
     Family(u8),
-    /// One element, or a set's creation parameters.
+    /// A set's creation parameters, or its header in a list answer.
     Data(Vec<DataAttribute>),
-    /// Elements of a list answer, one DATA each.
+    /// Elements of a request or a list answer, one DATA each.
     Adt(Vec<Vec<DataAttribute>>),
+    /// `ipset restore`'s line number; the kernel wants one beside `Adt`.
+    LineNo(u32),
     Other(DefaultNla),
 }
 
@@ -154,16 +157,22 @@ impl IpsetMessage {
         )
     }
 
-    /// `ipset add NAME MEMBER` or `ipset del NAME MEMBER`.
-    pub fn member(command: IpsetCommand, name: &str, member: IpNetwork) -> IpsetMessage {
+    /// `ipset add NAME MEMBER` or `ipset del NAME MEMBER` for each member,
+    /// in one message as `ipset restore` sends them: the kernel applies
+    /// them in order and stops at the first it refuses.
+    pub fn members(command: IpsetCommand, name: &str, members: &[IpNetwork]) -> IpsetMessage {
+        let elements = members
+            .iter()
+            .map(|m| vec![DataAttribute::Ip(m.ip()), DataAttribute::Cidr(m.prefix())])
+            .collect();
         IpsetMessage::new(
             command,
             vec![
                 IpsetAttribute::SetName(name.to_string()),
-                IpsetAttribute::Data(vec![
-                    DataAttribute::Ip(member.ip()),
-                    DataAttribute::Cidr(member.prefix()),
-                ]),
+                // No element carries a line number of its own, so the
+                // kernel answers a refusal with a plain error.
+                IpsetAttribute::LineNo(0),
+                IpsetAttribute::Adt(elements),
             ],
         )
     }
@@ -186,7 +195,7 @@ impl IpsetMessage {
 
     /// The elements in one message of a list answer. The kernel gives every
     /// hash:net element its prefix length; one without is a host.
-    pub fn members(&self) -> impl Iterator<Item = IpNetwork> + '_ {
+    pub fn listed_members(&self) -> impl Iterator<Item = IpNetwork> + '_ {
         self.attributes
             .iter()
             .filter_map(|a| match a {
@@ -330,6 +339,7 @@ impl Nla for IpsetAttribute {
             IpsetAttribute::Protocol(_)
             | IpsetAttribute::Revision(_)
             | IpsetAttribute::Family(_) => 1,
+            IpsetAttribute::LineNo(_) => 4,
             // NUL-terminated, as the kernel's NLA_NUL_STRING policy wants.
             IpsetAttribute::SetName(s) | IpsetAttribute::TypeName(s) => s.len() + 1,
             IpsetAttribute::Data(attributes) => attributes.as_slice().buffer_len(),
@@ -349,6 +359,7 @@ impl Nla for IpsetAttribute {
             IpsetAttribute::Family(_) => IPSET_ATTR_FAMILY,
             IpsetAttribute::Data(_) => IPSET_ATTR_DATA | NLA_F_NESTED,
             IpsetAttribute::Adt(_) => IPSET_ATTR_ADT | NLA_F_NESTED,
+            IpsetAttribute::LineNo(_) => IPSET_ATTR_LINENO | NLA_F_NET_BYTEORDER,
             IpsetAttribute::Other(nla) => nla.kind(),
         }
     }
@@ -358,6 +369,7 @@ impl Nla for IpsetAttribute {
             IpsetAttribute::Protocol(v)
             | IpsetAttribute::Revision(v)
             | IpsetAttribute::Family(v) => buffer[0] = *v,
+            IpsetAttribute::LineNo(v) => buffer.copy_from_slice(&v.to_be_bytes()),
             IpsetAttribute::SetName(s) | IpsetAttribute::TypeName(s) => {
                 buffer[..s.len()].copy_from_slice(s.as_bytes());
                 buffer[s.len()] = 0;
@@ -386,6 +398,7 @@ impl<T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&T>> for IpsetAttribute {
             IPSET_ATTR_REVISION => IpsetAttribute::Revision(parse_u8(value)?),
             IPSET_ATTR_FAMILY => IpsetAttribute::Family(parse_u8(value)?),
             IPSET_ATTR_DATA => IpsetAttribute::Data(parse_data(value)?),
+            IPSET_ATTR_LINENO => IpsetAttribute::LineNo(parse_u32_be(value)?),
             IPSET_ATTR_ADT => IpsetAttribute::Adt(
                 NlasIterator::new(value)
                     .map(|element| parse_data(element?.value()))
@@ -486,26 +499,34 @@ mod tests {
         assert_eq!(serialize(&message), expected);
     }
 
-    /// `ipset add s4 10.99.0.0/16`, less the line number ipset adds.
+    /// What `ipset restore` sent for `add s4 10.7.0.2` and
+    /// `add s4 10.99.0.0/16`, less its line numbers.
     #[test]
-    fn members_have_the_layout_ipset_sends() {
-        let message = IpsetMessage::member(IpsetCommand::Add, "s4", net("10.99.0.0/16"));
+    fn members_have_the_layout_ipset_restore_sends() {
+        let members = [net("10.7.0.2/32"), net("10.99.0.0/16")];
+        let message = IpsetMessage::members(IpsetCommand::Add, "s4", &members);
         assert_eq!(message.message_type(), 6 << 8 | 9);
         let mut expected = vec![2, 0, 0, 0];
         expected.extend_from_slice(&[5, 0, 1, 0, 6, 0, 0, 0]);
         expected.extend_from_slice(&[7, 0, 2, 0, b's', b'4', 0, 0]);
-        expected.extend_from_slice(&[24, 0, 7, 0x80]);
-        expected.extend_from_slice(&[12, 0, 1, 0x80, 8, 0, 1, 0x40, 10, 99, 0, 0]);
-        expected.extend_from_slice(&[5, 0, 3, 0, 16, 0, 0, 0]);
+        expected.extend_from_slice(&[8, 0, 9, 0x40, 0, 0, 0, 0]);
+        expected.extend_from_slice(&[52, 0, 8, 0x80]);
+        for (ip, cidr) in [([10, 7, 0, 2], 32), ([10, 99, 0, 0], 16)] {
+            expected.extend_from_slice(&[24, 0, 7, 0x80, 12, 0, 1, 0x80, 8, 0, 1, 0x40]);
+            expected.extend_from_slice(&ip);
+            expected.extend_from_slice(&[5, 0, 3, 0, cidr, 0, 0, 0]);
+        }
         assert_eq!(serialize(&message), expected);
 
-        let message = IpsetMessage::member(IpsetCommand::Del, "s6", net("fd00::1/128"));
+        let message = IpsetMessage::members(IpsetCommand::Del, "s6", &[net("fd00::1/128")]);
         assert_eq!(message.message_type(), 6 << 8 | 10);
-        let data = &serialize(&message)[20..];
-        assert_eq!(&data[..8], &[36, 0, 7, 0x80, 24, 0, 1, 0x80]);
-        assert_eq!(&data[8..12], &[20, 0, 2, 0x40]);
-        assert_eq!(data[12], 0xfd);
-        assert_eq!(&data[28..], &[5, 0, 3, 0, 128, 0, 0, 0]);
+        let element = &serialize(&message)[28..];
+        assert_eq!(
+            &element[..12],
+            &[40, 0, 8, 0x80, 36, 0, 7, 0x80, 24, 0, 1, 0x80]
+        );
+        assert_eq!(&element[12..17], &[20, 0, 2, 0x40, 0xfd]);
+        assert_eq!(&element[32..], &[5, 0, 3, 0, 128, 0, 0, 0]);
     }
 
     #[test]
@@ -513,8 +534,12 @@ mod tests {
         for message in [
             IpsetMessage::type_query("hash:net", Family::V6),
             IpsetMessage::create("s6", "hash:net", 7, Family::V6, 1_048_576),
-            IpsetMessage::member(IpsetCommand::Add, "s", net("192.0.2.0/24")),
-            IpsetMessage::member(IpsetCommand::Del, "s", net("2001:db8::/64")),
+            IpsetMessage::members(IpsetCommand::Add, "s", &[net("192.0.2.0/24")]),
+            IpsetMessage::members(
+                IpsetCommand::Del,
+                "s",
+                &[net("2001:db8::/64"), net("2001:db8:1::1/128")],
+            ),
             IpsetMessage::list("s"),
         ] {
             assert_eq!(round_trip(&message), message);
@@ -551,7 +576,7 @@ mod tests {
         let parsed = round_trip(&answer);
         assert_eq!(parsed, answer);
         assert_eq!(
-            parsed.members().collect::<Vec<_>>(),
+            parsed.listed_members().collect::<Vec<_>>(),
             vec![
                 net("10.99.0.0/16"),
                 net("192.0.2.2/32"),
