@@ -25,8 +25,9 @@ pub(super) const MAX_ELEMENTS: u32 = 1_048_576;
 /// (from a newer kernel) could not be listed, saved or replaced with it.
 const NEWEST_KNOWN_REVISION: u8 = 7;
 
-/// Members in one add or del message. Each message costs a round through
-/// the kernel whatever it holds; 256 members of either family fit in 10 KB.
+/// Members in one add or del message: enough that a big change takes few
+/// messages (each is a round through the kernel), few enough that a refused
+/// one is cheap to send again member by member. 256 fit in 10 KB.
 const MEMBERS_PER_MESSAGE: usize = 256;
 
 /// Members of one message, and the kernel's refusal.
@@ -59,7 +60,8 @@ impl NetlinkBackend {
         add: &[IpNetwork],
         del: &[IpNetwork],
     ) -> Result<(), KernelError> {
-        let messages: Vec<_> = (add.chunks(MEMBERS_PER_MESSAGE))
+        let messages: Vec<_> = add
+            .chunks(MEMBERS_PER_MESSAGE)
             .map(|m| (IpsetCommand::Add, m))
             .chain(
                 del.chunks(MEMBERS_PER_MESSAGE)
@@ -78,9 +80,10 @@ impl NetlinkBackend {
             let again = missing.iter().map(|r| (r.command, r.members)).collect();
             refused.extend(self.send_members(name, again).await);
         }
-        // The kernel stops at the first member of a message it refuses and
-        // says nothing of which it was: each member of a refused message is
-        // sent alone, which names the bad ones and applies the rest.
+        // The kernel stops at the first member of a message it refuses and,
+        // as no member carries a line number, does not say which it was:
+        // each member of a refused message is sent alone, which names the
+        // bad ones and applies the rest.
         let (mut refused, several): (Vec<_>, Vec<_>) =
             refused.into_iter().partition(|r| r.members.len() == 1);
         let alone = several
@@ -88,25 +91,7 @@ impl NetlinkBackend {
             .flat_map(|r| r.members.chunks(1).map(|m| (r.command, m)))
             .collect();
         refused.extend(self.send_members(name, alone).await);
-        let count = refused.len();
-        match refused.into_iter().next() {
-            None => Ok(()),
-            Some(Refused {
-                command,
-                members,
-                error,
-            }) => {
-                let verb = match command {
-                    IpsetCommand::Add => "adding",
-                    _ => "deleting",
-                };
-                let mut error = context(&format!("{verb} {}", members[0]), error);
-                if count > 1 {
-                    error.message += &format!(" (and {} more)", count - 1);
-                }
-                Err(error)
-            }
-        }
+        first_refusal(refused)
     }
 
     /// Sends the messages all at once (up to MAX_IN_FLIGHT); returns the
@@ -207,6 +192,28 @@ impl NetlinkBackend {
     }
 }
 
+/// The first refused member's error, saying how many more there were.
+fn first_refusal(refused: Vec<Refused>) -> Result<(), KernelError> {
+    let count = refused.len();
+    let Some(Refused {
+        command,
+        members,
+        error,
+    }) = refused.into_iter().next()
+    else {
+        return Ok(());
+    };
+    let verb = match command {
+        IpsetCommand::Add => "adding",
+        _ => "deleting",
+    };
+    let mut error = context(&format!("{verb} {}", members[0]), error);
+    if count > 1 {
+        error.message += &format!(" (and {} more)", count - 1);
+    }
+    Err(error)
+}
+
 /// The kernel's answer to a request naming a set that does not exist.
 fn is_missing_set(error: &KernelError) -> bool {
     error.errno == Some(libc::ENOENT)
@@ -245,5 +252,28 @@ mod tests {
         );
         let error = describe(KernelError::from_errno(libc::ENOENT));
         assert_eq!(error, KernelError::from_errno(libc::ENOENT));
+    }
+
+    #[test]
+    fn a_refusal_names_the_first_member_and_counts_the_others() {
+        let members: Vec<IpNetwork> = ["0.0.0.0/0", "::/0"]
+            .iter()
+            .map(|m| m.parse().unwrap())
+            .collect();
+        let refused = members
+            .chunks(1)
+            .map(|m| Refused {
+                command: IpsetCommand::Add,
+                members: m,
+                error: KernelError::from_errno(4104),
+            })
+            .collect();
+        let error = first_refusal(refused).unwrap_err();
+        assert_eq!(error.errno, Some(4104));
+        assert_eq!(
+            error.message,
+            "adding 0.0.0.0/0: the prefix length is out of range for the set (and 1 more)"
+        );
+        assert_eq!(first_refusal(Vec::new()), Ok(()));
     }
 }
