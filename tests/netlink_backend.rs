@@ -196,6 +196,36 @@ impl Probe {
             .expect("running ip netns exec")
     }
 
+    /// The members `ipset list NAME` shows, sorted, or `None` when the set
+    /// does not exist.
+    fn ipset_members(&self, name: &str) -> Option<Vec<IpNetwork>> {
+        let listed = self.ipset(&["list", name]);
+        if !listed.status.success() {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&listed.stdout).to_string();
+        let mut members: Vec<IpNetwork> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("Members:"))
+            .skip(1)
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.trim().parse().unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        members.sort();
+        Some(members)
+    }
+
+    /// A line of `ipset list -t NAME`, without its label (`Header`, ...).
+    fn ipset_header(&self, name: &str, label: &str) -> String {
+        let listed = self.ipset(&["list", "-t", name]);
+        assert!(listed.status.success(), "{name} missing");
+        let prefix = format!("{label}: ");
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix).map(str::to_string))
+            .unwrap_or_else(|| panic!("no {label} for {name}"))
+    }
+
     fn index(&self, device: &str) -> u32 {
         let link = self.ip_json(&["link", "show", "dev", device]);
         link[0]["ifindex"].as_u64().expect("ifindex") as u32
@@ -983,6 +1013,171 @@ fn ipsets_update_and_replace() {
         let text = String::from_utf8_lossy(&listed.stdout);
         assert!(text.contains("Type: hash:net"), "{text}");
         assert!(text.contains("192.0.2.4"), "{text}");
+    });
+}
+
+/// `IpsetChange::Update` goes over netlink: checked against `ipset list` in
+/// both families, from a missing set to a replaced one.
+#[test]
+fn ipset_member_changes_over_netlink() {
+    let Some(netns) = Netns::for_test("ipset_member_changes_over_netlink") else {
+        return;
+    };
+    if !has_ipset("ipset_member_changes_over_netlink") {
+        return;
+    }
+    let probe = netns.probe();
+    netns.run(move |mut backend| async move {
+        let cases = [
+            (
+                Family::V4,
+                "inet",
+                [
+                    "10.99.0.0/16",
+                    "192.0.2.2/32",
+                    "192.0.2.3/32",
+                    "192.0.2.200/32",
+                ],
+                "0.0.0.0/0",
+            ),
+            (
+                Family::V6,
+                "inet6",
+                [
+                    "2001:db8:99::/48",
+                    "2001:db8::2/128",
+                    "2001:db8::3/128",
+                    "2001:db8::200/128",
+                ],
+                "::/0",
+            ),
+        ];
+        for (family, family_name, [prefix, host, other_host, absent], refused) in cases {
+            let name = family.ipset_name().to_string();
+            let op = |add: &[&str], del: &[&str]| KernelOp::Ipset {
+                name: name.clone(),
+                family,
+                change: IpsetChange::Update {
+                    add: add.iter().map(|m| net(m)).collect(),
+                    del: del.iter().map(|m| net(m)).collect(),
+                },
+            };
+            let nets = |list: &[&str]| {
+                let mut nets: Vec<IpNetwork> = list.iter().map(|m| net(m)).collect();
+                nets.sort();
+                nets
+            };
+            assert_eq!(probe.ipset_members(&name), None, "{name} exists already");
+
+            // The first add creates the set as `ipset restore` would.
+            apply_ok(&mut backend, &[op(&[prefix, host], &[])]).await;
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[prefix, host])));
+            assert_eq!(probe.ipset_header(&name, "Type"), "hash:net");
+            let header = probe.ipset_header(&name, "Header");
+            assert!(
+                header.starts_with(&format!("family {family_name} ")),
+                "{header}"
+            );
+            assert!(header.contains(" maxelem 1048576 "), "{header}");
+            let revision = probe.ipset_header(&name, "Revision");
+
+            // Adding members that are there is no error.
+            apply_ok(&mut backend, &[op(&[prefix, host, other_host], &[])]).await;
+            assert_eq!(
+                probe.ipset_members(&name),
+                Some(nets(&[prefix, host, other_host]))
+            );
+
+            // Nor is deleting members that are not.
+            apply_ok(&mut backend, &[op(&[], &[host, absent])]).await;
+            assert_eq!(
+                probe.ipset_members(&name),
+                Some(nets(&[prefix, other_host]))
+            );
+            apply_ok(&mut backend, &[op(&[], &[host])]).await;
+            apply_ok(&mut backend, &[op(&[], &[prefix])]).await;
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[other_host])));
+            apply_ok(&mut backend, &[op(&[prefix], &[other_host])]).await;
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[prefix])));
+
+            // The dump reads what `ipset list` shows.
+            let state = backend.dump(&ownership()).await.unwrap();
+            let dumped = state.ipsets.iter().find(|(n, _)| *n == name);
+            assert_eq!(dumped, Some(&(name.clone(), vec![net(prefix)])));
+
+            // Members beyond what one message holds, and a dump answered in
+            // several messages.
+            let many: Vec<IpNetwork> = (0..1000u16)
+                .map(|i| match family {
+                    Family::V4 => format!("10.100.{}.{}/32", i / 250, i % 250),
+                    Family::V6 => format!("2001:db8:100::{i:x}/128"),
+                })
+                .map(|m| net(&m))
+                .collect();
+            let bulk = |add: &[IpNetwork], del: &[IpNetwork]| KernelOp::Ipset {
+                name: name.clone(),
+                family,
+                change: IpsetChange::Update {
+                    add: add.to_vec(),
+                    del: del.to_vec(),
+                },
+            };
+            apply_ok(&mut backend, &[bulk(&many, &[])]).await;
+            let mut all = many.clone();
+            all.push(net(prefix));
+            all.sort();
+            assert_eq!(probe.ipset_members(&name).as_ref(), Some(&all));
+            let mut state = backend.dump(&ownership()).await.unwrap();
+            let dumped = state.ipsets.iter_mut().find(|(n, _)| *n == name).unwrap();
+            dumped.1.sort();
+            assert_eq!(dumped.1, all);
+            apply_ok(&mut backend, &[bulk(&[], &many)]).await;
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[prefix])));
+
+            // The kernel's ipset error codes are worded; the good members of
+            // a refused update still go in.
+            let error = apply_err(&mut backend, op(&[refused, host], &[])).await;
+            assert_eq!(
+                error.message,
+                format!("adding {refused}: the prefix length is out of range for the set")
+            );
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[prefix, host])));
+
+            // A replace after netlink updates swaps in a set of the same
+            // revision, which netlink updates go on changing.
+            apply_ok(
+                &mut backend,
+                &[KernelOp::Ipset {
+                    name: name.clone(),
+                    family,
+                    change: IpsetChange::Replace {
+                        members: vec![net(other_host)],
+                    },
+                }],
+            )
+            .await;
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[other_host])));
+            assert_eq!(probe.ipset_header(&name, "Revision"), revision);
+            apply_ok(&mut backend, &[op(&[host], &[other_host])]).await;
+            assert_eq!(probe.ipset_members(&name), Some(nets(&[host])));
+
+            // A set destroyed behind vxmgr's back is created again, even by
+            // a delete.
+            assert!(probe.ipset(&["destroy", &name]).status.success());
+            apply_ok(&mut backend, &[op(&[], &[host])]).await;
+            assert_eq!(probe.ipset_members(&name), Some(vec![]));
+        }
+        let listed = probe.ipset(&["list", "-n"]);
+        let mut names: Vec<String> = String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            vec![Family::V4.ipset_name(), Family::V6.ipset_name()],
+            "no temporary set is left"
+        );
     });
 }
 

@@ -107,15 +107,18 @@ pub struct KernelFdb {
     pub destination: IpAddr,
 }
 
-/// An ipset change. Each is applied atomically.
+/// An ipset change.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum IpsetChange {
-    /// Create the set if needed, then add and delete members.
+    /// Add and delete members, creating the set if needed. Adding a member
+    /// that is there, or deleting one that is not, is no error; members are
+    /// changed one by one, so one that fails leaves the others changed.
     Update {
         add: Vec<IpNetwork>,
         del: Vec<IpNetwork>,
     },
-    /// Make the set hold exactly these members (create, swap, destroy).
+    /// Make the set hold exactly these members, atomically (create a
+    /// temporary set, swap it in, destroy it).
     Replace { members: Vec<IpNetwork> },
 }
 

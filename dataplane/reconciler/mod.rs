@@ -668,8 +668,8 @@ impl<B: KernelBackend> Reconciler<B> {
             .forget_actual(|r| matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id)));
     }
 
-    /// Brings each family's ipset in line with one `ipset restore`: member
-    /// adds and deletes, or a full replace when the set is missing.
+    /// Brings each family's ipset in line with one change: member adds and
+    /// deletes, or a full replace when the set is missing.
     async fn sync_ipsets(&mut self, report: &mut Report) {
         let ctx = Context::new(&self.devices, &self.nexthop_ids, None, false);
         let mut planned = self.ipset.plan_upserts(&ctx).entries;

@@ -130,7 +130,7 @@ impl Programmable for FdbEntry {
 }
 
 /// ipset members are added and deleted one by one here; the reconciler
-/// merges each family's into one `ipset restore`.
+/// merges each family's into one `IpsetChange`.
 impl Programmable for IpsetMember {
     type Kernel = IpNetwork;
 

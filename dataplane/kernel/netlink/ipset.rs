@@ -1,223 +1,279 @@
-//! ipsets through the `ipset` command: no maintained pure-Rust ipset netlink
-//! crate exists, and `ipset restore` with a create-temp / swap / destroy
-//! script replaces a set atomically, as Felix does it.
+//! The ipsets of allowed VXLAN sources. Member changes and reads go over
+//! netlink, all of a change's messages in flight at once: starting `ipset`
+//! costs a fork and an exec (1–2 ms) per change. A full replace still goes
+//! through `ipset restore` (ipset_restore.rs).
 
-use std::io;
-use std::process::{Output, Stdio};
-
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use ipnetwork::IpNetwork;
-use tokio::io::AsyncWriteExt;
-use tokio::process::Command;
-use tracing::warn;
+use rtnetlink::packet_core::NLM_F_CREATE;
 
+use super::ipset_message::{IpsetCommand, IpsetMessage, error_text};
+use super::{MAX_IN_FLIGHT, NetlinkBackend, ipset_restore};
 use crate::kernel::KernelError;
 use crate::kernel::objects::IpsetChange;
 use crate::model::Family;
 
-const IPSET: &str = "ipset";
-
-/// ipset's longest set name.
-const MAX_NAME_LEN: usize = 31;
+/// The type of vxmgr's sets: members are addresses and prefixes.
+pub(super) const SET_TYPE: &str = "hash:net";
 
 /// Felix's set size: a set refuses members beyond its maxelem, and
-/// `create -exist` only accepts an existing set created with the same one.
-const MAX_ELEMENTS: u32 = 1_048_576;
+/// creating a set that exists only succeeds when it has the same one.
+pub(super) const MAX_ELEMENTS: u32 = 1_048_576;
 
-/// Applies one change with one `ipset restore`.
-pub(super) async fn apply(
-    name: &str,
-    family: Family,
-    change: &IpsetChange,
-) -> Result<(), KernelError> {
-    let output = run(&["restore"], Some(restore_script(name, family, change)))
-        .await
-        .map_err(spawn_error)?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(KernelError::other(format!(
-            "ipset restore failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
-    }
+/// The newest hash:net revision `ipset` 7.x knows: a set of a newer one
+/// (from a newer kernel) could not be listed, saved or replaced with it.
+const NEWEST_KNOWN_REVISION: u8 = 7;
+
+/// Members in one add or del message: enough that a big change takes few
+/// messages (each is a round through the kernel), few enough that a refused
+/// one is cheap to send again member by member. 256 fit in 10 KB.
+const MEMBERS_PER_MESSAGE: usize = 256;
+
+/// Members of one message, and the kernel's refusal.
+struct Refused<'a> {
+    command: IpsetCommand,
+    members: &'a [IpNetwork],
+    error: KernelError,
 }
 
-/// Members of each of these sets that exists. Without an `ipset` command
-/// no set can exist: that is logged, and each set change then fails.
-pub(super) async fn dump(
-    sets: &[(String, Family)],
-) -> Result<Vec<(String, Vec<IpNetwork>)>, KernelError> {
-    let mut found = Vec::new();
-    for (name, _) in sets {
-        let output = match run(&["save", name], None).await {
-            Ok(output) => output,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                warn!("no ipset command: taking every ipset as missing");
-                return Ok(Vec::new());
-            }
-            Err(e) => return Err(spawn_error(e)),
-        };
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        if output.status.success() {
-            found.push((
-                name.clone(),
-                parse_members(name, &String::from_utf8_lossy(&output.stdout)),
-            ));
-        } else if !stderr.contains("does not exist") {
-            return Err(KernelError::other(format!(
-                "ipset save {name} failed: {}",
-                stderr.trim()
-            )));
+impl NetlinkBackend {
+    pub(super) async fn apply_ipset(
+        &self,
+        name: &str,
+        family: Family,
+        change: &IpsetChange,
+    ) -> Result<(), KernelError> {
+        match change {
+            IpsetChange::Update { add, del } => self.update_ipset(name, family, add, del).await,
+            IpsetChange::Replace { members } => ipset_restore::replace(name, family, members).await,
         }
     }
-    Ok(found)
-}
 
-async fn run(args: &[&str], stdin: Option<String>) -> io::Result<Output> {
-    let mut child = Command::new(IPSET)
-        .args(args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
+    /// Adds and deletes members. A member that is already there (or already
+    /// gone) is no error, as with `ipset -exist`. A set found missing is
+    /// created, and the messages it refused are sent again.
+    async fn update_ipset(
+        &self,
+        name: &str,
+        family: Family,
+        add: &[IpNetwork],
+        del: &[IpNetwork],
+    ) -> Result<(), KernelError> {
+        let messages: Vec<_> = add
+            .chunks(MEMBERS_PER_MESSAGE)
+            .map(|m| (IpsetCommand::Add, m))
+            .chain(
+                del.chunks(MEMBERS_PER_MESSAGE)
+                    .map(|m| (IpsetCommand::Del, m)),
+            )
+            .collect();
+        if messages.is_empty() {
+            return self.create_ipset(name, family).await;
+        }
+        let mut refused = self.send_members(name, messages).await;
+        if refused.iter().any(|r| is_missing_set(&r.error)) {
+            self.create_ipset(name, family).await?;
+            let (missing, others): (Vec<_>, Vec<_>) =
+                refused.into_iter().partition(|r| is_missing_set(&r.error));
+            refused = others;
+            let again = missing.iter().map(|r| (r.command, r.members)).collect();
+            refused.extend(self.send_members(name, again).await);
+        }
+        // The kernel stops at the first member of a message it refuses and,
+        // as no member carries a line number, does not say which it was:
+        // each member of a refused message is sent alone, which names the
+        // bad ones and applies the rest.
+        let (mut refused, several): (Vec<_>, Vec<_>) =
+            refused.into_iter().partition(|r| r.members.len() == 1);
+        let alone = several
+            .iter()
+            .flat_map(|r| r.members.chunks(1).map(|m| (r.command, m)))
+            .collect();
+        refused.extend(self.send_members(name, alone).await);
+        first_refusal(refused)
+    }
+
+    /// Sends the messages all at once (up to MAX_IN_FLIGHT); returns the
+    /// refused ones.
+    async fn send_members<'a>(
+        &self,
+        name: &str,
+        messages: Vec<(IpsetCommand, &'a [IpNetwork])>,
+    ) -> Vec<Refused<'a>> {
+        let mut messages = messages.into_iter();
+        let mut in_flight = FuturesUnordered::new();
+        let mut refused = Vec::new();
+        loop {
+            while in_flight.len() < MAX_IN_FLIGHT {
+                match messages.next() {
+                    Some((command, members)) => {
+                        in_flight.push(self.send_message(name, command, members))
+                    }
+                    None => break,
+                }
+            }
+            match in_flight.next().await {
+                Some(Some(r)) => refused.push(r),
+                Some(None) => {}
+                None => return refused,
+            }
+        }
+    }
+
+    /// Without NLM_F_EXCL the kernel takes each member as `-exist`.
+    async fn send_message<'a>(
+        &self,
+        name: &str,
+        command: IpsetCommand,
+        members: &'a [IpNetwork],
+    ) -> Option<Refused<'a>> {
+        let message = IpsetMessage::members(command, name, members);
+        let error = self.ipsets.request(message, 0).await.err()?;
+        Some(Refused {
+            command,
+            members,
+            error,
         })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    if let (Some(script), Some(mut pipe)) = (stdin, child.stdin.take()) {
-        pipe.write_all(script.as_bytes()).await?;
-        // Closing stdin ends the script.
-        drop(pipe);
     }
-    child.wait_with_output().await
+
+    /// `ipset create NAME hash:net family FAMILY maxelem MAX_ELEMENTS -exist`
+    /// at the revision `ipset` would pick: the kernel's newest that `ipset`
+    /// knows. The kernel wants a revision, and refuses one it lacks.
+    async fn create_ipset(&self, name: &str, family: Family) -> Result<(), KernelError> {
+        let answers = self
+            .ipsets
+            .request(IpsetMessage::type_query(SET_TYPE, family), 0)
+            .await
+            .map_err(|e| context(&format!("looking up {SET_TYPE}"), e))?;
+        let revision = answers
+            .iter()
+            .find_map(IpsetMessage::revision)
+            .ok_or_else(|| KernelError::other(format!("the kernel named no {SET_TYPE} revision")))?
+            .min(NEWEST_KNOWN_REVISION);
+        let create = IpsetMessage::create(name, SET_TYPE, revision, family, MAX_ELEMENTS);
+        // NLM_F_CREATE without NLM_F_EXCL is what `ipset create -exist`
+        // sends; the kernel only looks for NLM_F_EXCL.
+        match self.ipsets.request(create, NLM_F_CREATE).await {
+            Ok(_) => Ok(()),
+            // -exist only forgives a set that has the same type, family and
+            // maxelem.
+            Err(e) if e.errno == Some(libc::EEXIST) => Err(KernelError {
+                message: format!(
+                    "creating {name}: a set of that name exists with another \
+                     type, family or maxelem"
+                ),
+                ..e
+            }),
+            Err(e) => Err(context(&format!("creating {name}"), e)),
+        }
+    }
+
+    /// Members of each of these sets that exists.
+    pub(super) async fn dump_ipsets(
+        &self,
+        sets: &[(String, Family)],
+    ) -> Result<Vec<(String, Vec<IpNetwork>)>, KernelError> {
+        let mut found = Vec::new();
+        for (name, _) in sets {
+            match self.ipsets.dump(IpsetMessage::list(name)).await {
+                Ok(answers) => found.push((
+                    name.clone(),
+                    answers
+                        .iter()
+                        .flat_map(IpsetMessage::listed_members)
+                        .collect(),
+                )),
+                Err(e) if is_missing_set(&e) => {}
+                Err(e) => return Err(context(&format!("listing ipset {name}"), e)),
+            }
+        }
+        Ok(found)
+    }
 }
 
-fn spawn_error(e: io::Error) -> KernelError {
-    if e.kind() == io::ErrorKind::NotFound {
-        KernelError::other("the ipset command is not installed")
-    } else {
-        KernelError::other(format!("running ipset: {e}"))
-    }
-}
-
-fn create_command(name: &str, family: Family) -> String {
-    let family = match family {
-        Family::V4 => "inet",
-        Family::V6 => "inet6",
+/// The first refused member's error, saying how many more there were.
+fn first_refusal(refused: Vec<Refused>) -> Result<(), KernelError> {
+    let count = refused.len();
+    let Some(Refused {
+        command,
+        members,
+        error,
+    }) = refused.into_iter().next()
+    else {
+        return Ok(());
     };
-    format!("create {name} hash:net family {family} maxelem {MAX_ELEMENTS} -exist")
-}
-
-/// The set that a replace fills before swapping it in.
-fn temporary_name(name: &str) -> String {
-    const SUFFIX: &str = "-tmp";
-    let mut stem = name;
-    while stem.len() + SUFFIX.len() > MAX_NAME_LEN {
-        let mut end = stem.len() - 1;
-        while !stem.is_char_boundary(end) {
-            end -= 1;
-        }
-        stem = &stem[..end];
+    let verb = match command {
+        IpsetCommand::Add => "adding",
+        _ => "deleting",
+    };
+    let mut error = context(&format!("{verb} {}", members[0]), error);
+    if count > 1 {
+        error.message += &format!(" (and {} more)", count - 1);
     }
-    format!("{stem}{SUFFIX}")
+    Err(error)
 }
 
-fn restore_script(name: &str, family: Family, change: &IpsetChange) -> String {
-    let mut lines = Vec::new();
-    match change {
-        IpsetChange::Update { add, del } => {
-            lines.push(create_command(name, family));
-            lines.extend(add.iter().map(|m| format!("add {name} {m} -exist")));
-            lines.extend(del.iter().map(|m| format!("del {name} {m} -exist")));
-        }
-        IpsetChange::Replace { members } => {
-            let temporary = temporary_name(name);
-            lines.push(create_command(&temporary, family));
-            // A temporary set left by an interrupted replace is emptied.
-            lines.push(format!("flush {temporary}"));
-            lines.extend(
-                members
-                    .iter()
-                    .map(|m| format!("add {temporary} {m} -exist")),
-            );
-            lines.push(create_command(name, family));
-            lines.push(format!("swap {temporary} {name}"));
-            lines.push(format!("destroy {temporary}"));
-        }
+/// The kernel's answer to a request naming a set that does not exist.
+fn is_missing_set(error: &KernelError) -> bool {
+    error.errno == Some(libc::ENOENT)
+}
+
+/// The kernel's ipset codes (beyond the errno range) worded.
+fn describe(error: KernelError) -> KernelError {
+    match error.errno.and_then(error_text) {
+        Some(text) => KernelError {
+            message: text.to_string(),
+            ..error
+        },
+        None => error,
     }
-    lines.iter().map(|l| format!("{l}\n")).collect()
 }
 
-/// Members in `ipset save` output: `add NAME MEMBER [options]` lines, host
-/// members printed without their prefix length.
-fn parse_members(name: &str, save: &str) -> Vec<IpNetwork> {
-    save.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            if words.next() != Some("add") || words.next() != Some(name) {
-                return None;
-            }
-            words.next()?.parse().ok()
-        })
-        .collect()
+fn context(what: &str, error: KernelError) -> KernelError {
+    let error = describe(error);
+    KernelError {
+        message: format!("{what}: {}", error.message),
+        ..error
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn nets(list: &[&str]) -> Vec<IpNetwork> {
-        list.iter().map(|n| n.parse().unwrap()).collect()
-    }
-
     #[test]
-    fn update_creates_the_set_then_adds_and_deletes() {
-        let change = IpsetChange::Update {
-            add: nets(&["192.168.10.2/32"]),
-            del: nets(&["192.168.10.3/32"]),
-        };
+    fn ipset_codes_are_described_and_errnos_kept() {
+        let error = context("creating s", KernelError::from_errno(4098));
+        assert_eq!(error.errno, Some(4098));
         assert_eq!(
-            restore_script("cali40all-vxlan-net", Family::V4, &change),
-            "create cali40all-vxlan-net hash:net family inet maxelem 1048576 -exist\n\
-             add cali40all-vxlan-net 192.168.10.2/32 -exist\n\
-             del cali40all-vxlan-net 192.168.10.3/32 -exist\n"
+            error.message,
+            "creating s: set type not supported by the kernel"
         );
+        let error = describe(KernelError::from_errno(libc::ENOENT));
+        assert_eq!(error, KernelError::from_errno(libc::ENOENT));
     }
 
     #[test]
-    fn replace_fills_a_temporary_set_and_swaps_it_in() {
-        let change = IpsetChange::Replace {
-            members: nets(&["fd00::2/128", "fd01::/64"]),
-        };
+    fn a_refusal_names_the_first_member_and_counts_the_others() {
+        let members: Vec<IpNetwork> = ["0.0.0.0/0", "::/0"]
+            .iter()
+            .map(|m| m.parse().unwrap())
+            .collect();
+        let refused = members
+            .chunks(1)
+            .map(|m| Refused {
+                command: IpsetCommand::Add,
+                members: m,
+                error: KernelError::from_errno(4104),
+            })
+            .collect();
+        let error = first_refusal(refused).unwrap_err();
+        assert_eq!(error.errno, Some(4104));
         assert_eq!(
-            restore_script("cali60all-vxlan-net", Family::V6, &change),
-            "create cali60all-vxlan-net-tmp hash:net family inet6 maxelem 1048576 -exist\n\
-             flush cali60all-vxlan-net-tmp\n\
-             add cali60all-vxlan-net-tmp fd00::2/128 -exist\n\
-             add cali60all-vxlan-net-tmp fd01::/64 -exist\n\
-             create cali60all-vxlan-net hash:net family inet6 maxelem 1048576 -exist\n\
-             swap cali60all-vxlan-net-tmp cali60all-vxlan-net\n\
-             destroy cali60all-vxlan-net-tmp\n"
+            error.message,
+            "adding 0.0.0.0/0: the prefix length is out of range for the set (and 1 more)"
         );
-    }
-
-    #[test]
-    fn temporary_names_fit_ipset_limit() {
-        assert_eq!(temporary_name("short"), "short-tmp");
-        let long = "a".repeat(40);
-        assert_eq!(temporary_name(&long).len(), MAX_NAME_LEN);
-    }
-
-    #[test]
-    fn parses_save_output() {
-        let save = "create s hash:net family inet hashsize 1024 maxelem 1048576 bucketsize 12 initval 0x1\n\
-                    add s 192.168.10.2\n\
-                    add s 10.0.0.0/8\n\
-                    add other 1.1.1.1\n";
-        assert_eq!(
-            parse_members("s", save),
-            nets(&["192.168.10.2/32", "10.0.0.0/8"])
-        );
+        assert_eq!(first_refusal(Vec::new()), Ok(()));
     }
 }

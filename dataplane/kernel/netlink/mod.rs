@@ -1,7 +1,8 @@
 //! The Linux kernel over rtnetlink: operations are pipelined on one socket,
 //! dumps are filtered by the kernel on a strict-check socket, nexthop
-//! objects go over a socket of their own, ipsets through `ipset restore`
-//! and TX checksum offload through the SIOCETHTOOL ioctl.
+//! objects go over a socket of their own, ipsets over a NETLINK_NETFILTER
+//! socket (full replaces through `ipset restore`) and TX checksum offload
+//! through the SIOCETHTOOL ioctl.
 //!
 //! The sockets belong to the network namespace of the thread that opens
 //! them: a caller that wants another namespace enters it (setns) on a
@@ -9,6 +10,8 @@
 
 mod ethtool;
 mod ipset;
+mod ipset_message;
+mod ipset_restore;
 mod link;
 mod neighbour;
 mod nexthop;
@@ -27,6 +30,7 @@ use super::objects::{KernelOp, KernelState, Link, Notification, Ownership};
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
 use ethtool::Ethtool;
+use ipset_message::IpsetMessage;
 use nexthop::NexthopMessage;
 use socket::{DumpFilters, NetlinkSocket};
 
@@ -41,6 +45,7 @@ pub struct NetlinkBackend {
     /// Dumps, filtered by the kernel.
     dumps: NetlinkSocket<RouteNetlinkMessage>,
     nexthops: NetlinkSocket<NexthopMessage>,
+    ipsets: NetlinkSocket<IpsetMessage>,
     ethtool: Ethtool,
 }
 
@@ -53,6 +58,7 @@ impl NetlinkBackend {
                 rtnl: NetlinkSocket::open(DumpFilters::Ignored)?,
                 dumps: NetlinkSocket::open(DumpFilters::Strict)?,
                 nexthops: NetlinkSocket::open(DumpFilters::Ignored)?,
+                ipsets: NetlinkSocket::open_netfilter()?,
                 ethtool: Ethtool::open()?,
             })
         };
@@ -93,7 +99,7 @@ impl NetlinkBackend {
                 name,
                 family,
                 change,
-            } => ipset::apply(name, *family, change).await,
+            } => self.apply_ipset(name, *family, change).await,
         }
     }
 }
@@ -110,8 +116,8 @@ impl KernelBackend for NetlinkBackend {
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
         let devices = self.read_links(&ownership.devices).await?;
         let indexes: Vec<u32> = devices.iter().map(|l| l.index).collect();
-        // Dumps on one socket run one after another; the nexthop socket and
-        // the ipset command work alongside.
+        // Dumps on one socket run one after another; the nexthop and ipset
+        // sockets work alongside.
         let rtnl_dumps = async {
             Ok::<_, KernelError>((
                 self.dump_routes(ownership.protocol, &indexes).await?,
@@ -122,7 +128,7 @@ impl KernelBackend for NetlinkBackend {
         let ((routes, neighbors, fdb), nexthops, ipsets) = futures::try_join!(
             rtnl_dumps,
             self.dump_nexthops(ownership.protocol),
-            ipset::dump(&ownership.ipsets),
+            self.dump_ipsets(&ownership.ipsets),
         )?;
         Ok(KernelState {
             devices,

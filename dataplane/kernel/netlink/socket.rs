@@ -1,5 +1,6 @@
-//! One NETLINK_ROUTE connection for any message type: requests answered by
-//! an ACK (or a reply, then an ACK) and dumps. Every answer must come within
+//! One netlink connection (NETLINK_ROUTE, or NETLINK_NETFILTER for ipsets)
+//! for any message type: requests answered by an ACK (or a reply, then an
+//! ACK) and dumps. Every answer must come within
 //! a bound, and kernel refusals become `KernelError`s carrying the errno and
 //! the kernel's extended-ACK text.
 
@@ -15,7 +16,10 @@ use rtnetlink::packet_core::{
     NetlinkPayload, NetlinkSerializable, NlasIterator,
 };
 use rtnetlink::proto::ConnectionHandle;
-use rtnetlink::sys::{AsyncSocket, SocketAddr, protocols::NETLINK_ROUTE};
+use rtnetlink::sys::{
+    AsyncSocket, SocketAddr,
+    protocols::{NETLINK_NETFILTER, NETLINK_ROUTE},
+};
 use tokio::sync::Mutex;
 use tracing::debug;
 
@@ -71,11 +75,20 @@ impl<T> NetlinkSocket<T>
 where
     T: Debug + NetlinkSerializable + NetlinkDeserializable + Unpin + Send + 'static,
 {
-    /// Opens a socket and runs its connection on the current tokio runtime,
-    /// in the network namespace of the calling thread.
+    /// Opens a NETLINK_ROUTE socket and runs its connection on the current
+    /// tokio runtime, in the network namespace of the calling thread.
     pub fn open(filters: DumpFilters) -> io::Result<NetlinkSocket<T>> {
+        NetlinkSocket::open_protocol(NETLINK_ROUTE, filters)
+    }
+
+    /// The same for a NETLINK_NETFILTER socket, whose dumps are unfiltered.
+    pub fn open_netfilter() -> io::Result<NetlinkSocket<T>> {
+        NetlinkSocket::open_protocol(NETLINK_NETFILTER, DumpFilters::Ignored)
+    }
+
+    fn open_protocol(protocol: isize, filters: DumpFilters) -> io::Result<NetlinkSocket<T>> {
         let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
-        let (mut connection, handle, _) = rtnetlink::proto::new_connection::<T>(NETLINK_ROUTE)?;
+        let (mut connection, handle, _) = rtnetlink::proto::new_connection::<T>(protocol)?;
         let socket = connection.socket_mut().socket_mut();
         socket.set_ext_ack(true)?;
         socket.set_cap_ack(true)?;
