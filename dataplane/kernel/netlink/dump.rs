@@ -30,8 +30,9 @@ use crate::kernel::KernelError;
 const SOCKETS: usize = 3;
 
 /// Room for one datagram. The kernel writes a dump in datagrams of at most
-/// 32 KiB (the most it sizes them to a reader's buffer); a larger one is
-/// an error rather than a silently truncated answer.
+/// 32 KiB however large the reader's buffer (32,269 bytes of routes per
+/// datagram with a 1 MiB buffer); one that does not fit is an error rather
+/// than a silently truncated answer.
 const BUFFER: usize = 64 << 10;
 
 /// A dump that the kernel flags as interrupted by changes is read again,

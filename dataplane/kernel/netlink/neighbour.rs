@@ -152,7 +152,7 @@ fn device_dump(family: AddressFamily, ifindex: u32) -> RouteNetlinkMessage {
 /// RTM_DELNEIGH payload (struct ndmsg and its attributes), read in place.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Entry {
-    pub family: u8,
+    family: u8,
     pub ifindex: u32,
     /// `NUD_*`
     state: u16,
@@ -187,6 +187,7 @@ impl Entry {
         Some(entry)
     }
 
+    /// Exactly `nud permanent`, as vxmgr makes its entries.
     pub fn is_permanent(&self) -> bool {
         self.state == NUD_PERMANENT
     }
