@@ -89,6 +89,7 @@ async fn forward(socket: AsyncFd<Socket>, tx: mpsc::Sender<Notification>) {
                 .filter_map(notification)
                 .all(|n| sender.send(n)),
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => sender.send(Notification::Overrun),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
             Err(e) => {
                 warn!(error = %e, "reading kernel notifications failed");
                 return;
