@@ -57,27 +57,32 @@ impl NetlinkBackend {
     ) -> Result<Vec<KernelRoute>, KernelError> {
         let mut dumps = Vec::new();
         for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-            dumps.push(self.dump_main(dump_filter(family, protocol.into(), None), None));
+            let filter = dump_filter(family, protocol.into(), None);
+            dumps.push(self.dump_main(filter, protocol, false));
             for &index in devices {
                 let filter = dump_filter(family, RouteProtocol::Unspec, Some(index));
-                dumps.push(self.dump_main(filter, Some(protocol)));
+                dumps.push(self.dump_main(filter, protocol, true));
             }
         }
         let found = futures::future::try_join_all(dumps).await?;
         Ok(found.into_iter().flatten().collect())
     }
 
-    /// The routes a main-table dump finds. A dump by device passes our
-    /// protocol as `others_than`: it keeps only routes with another one
-    /// (the dump by protocol has ours) that is not the kernel's.
+    /// The routes a main-table dump finds, less the kernel's own (unless
+    /// ours is the kernel's protocol). A dump by device also leaves out
+    /// those with our protocol: the dump by protocol has them.
     async fn dump_main(
         &self,
         filter: RouteMessage,
-        others_than: Option<u8>,
+        ours: u8,
+        by_device: bool,
     ) -> Result<Vec<KernelRoute>, KernelError> {
-        let keep = move |protocol: u8| match others_than {
-            Some(ours) => protocol != ours && protocol != RTPROT_KERNEL,
-            None => true,
+        let keep = move |protocol: u8| {
+            if protocol == ours {
+                !by_device
+            } else {
+                protocol != RTPROT_KERNEL
+            }
         };
         self.dumps
             .dump(RouteNetlinkMessage::GetRoute(filter), move |message| {
