@@ -274,17 +274,7 @@ fn mac(text: &str) -> MacAddr {
 }
 
 fn ownership() -> Ownership {
-    Ownership {
-        protocol: PROTOCOL,
-        devices: Family::ALL
-            .iter()
-            .map(|f| f.device_name().to_string())
-            .collect(),
-        ipsets: Family::ALL
-            .iter()
-            .map(|f| (f.ipset_name().to_string(), *f))
-            .collect(),
-    }
+    Ownership::of_vxmgr(PROTOCOL)
 }
 
 fn spec(family: Family, parent_index: u32) -> VxlanSpec {

@@ -136,7 +136,7 @@ impl NetlinkBackend {
         let mut request = AddressMessage::default();
         request.header.index = index;
         let replies = self
-            .dumps
+            .address_dumps
             .dump(RouteNetlinkMessage::GetAddress(request))
             .await?;
         Ok(replies
@@ -161,7 +161,7 @@ impl NetlinkBackend {
             IpAddr::V6(_) => AddressFamily::Inet6,
         };
         let replies = self
-            .dumps
+            .address_dumps
             .dump(RouteNetlinkMessage::GetAddress(request))
             .await?;
         let holder = replies.iter().find_map(|reply| match reply {

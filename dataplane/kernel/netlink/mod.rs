@@ -1,13 +1,15 @@
 //! The Linux kernel over rtnetlink: operations are pipelined on one socket,
-//! dumps are filtered by the kernel on a strict-check socket, nexthop
-//! objects go over a socket of their own, ipsets over a NETLINK_NETFILTER
-//! socket (full replaces through `ipset restore`) and TX checksum offload
-//! through the SIOCETHTOOL ioctl.
+//! dumps are filtered by the kernel on strict-check sockets (those of
+//! routes, neighbours, FDB entries and nexthops read and parsed in place,
+//! several at once), nexthop objects change over a socket of their own,
+//! ipsets over a NETLINK_NETFILTER socket (full replaces through `ipset
+//! restore`) and TX checksum offload through the SIOCETHTOOL ioctl.
 //!
 //! The sockets belong to the network namespace of the thread that opens
 //! them: a caller that wants another namespace enters it (setns) on a
 //! dedicated thread before creating the backend there.
 
+mod dump;
 mod ethtool;
 mod ipset;
 mod ipset_message;
@@ -15,6 +17,7 @@ mod ipset_restore;
 mod link;
 mod neighbour;
 mod nexthop;
+mod raw;
 mod route;
 mod socket;
 mod watch;
@@ -29,6 +32,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 use super::objects::{KernelOp, KernelState, Link, Notification, Ownership};
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
+use dump::Dumps;
 use ethtool::Ethtool;
 use ipset_message::IpsetMessage;
 use nexthop::NexthopMessage;
@@ -42,8 +46,10 @@ const MAX_IN_FLIGHT: usize = 512;
 pub struct NetlinkBackend {
     /// Changes and single gets.
     rtnl: NetlinkSocket<RouteNetlinkMessage>,
-    /// Dumps, filtered by the kernel.
-    dumps: NetlinkSocket<RouteNetlinkMessage>,
+    /// Address dumps, filtered by the kernel.
+    address_dumps: NetlinkSocket<RouteNetlinkMessage>,
+    /// Dumps of routes, neighbours, FDB entries and nexthops.
+    dumps: Dumps,
     nexthops: NetlinkSocket<NexthopMessage>,
     ipsets: NetlinkSocket<IpsetMessage>,
     ethtool: Ethtool,
@@ -56,7 +62,8 @@ impl NetlinkBackend {
         let opened = || -> io::Result<NetlinkBackend> {
             Ok(NetlinkBackend {
                 rtnl: NetlinkSocket::open(DumpFilters::Ignored)?,
-                dumps: NetlinkSocket::open(DumpFilters::Strict)?,
+                address_dumps: NetlinkSocket::open(DumpFilters::Strict)?,
+                dumps: Dumps::open()?,
                 nexthops: NetlinkSocket::open(DumpFilters::Ignored)?,
                 ipsets: NetlinkSocket::open_netfilter()?,
                 ethtool: Ethtool::open()?,
@@ -116,18 +123,13 @@ impl KernelBackend for NetlinkBackend {
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
         let devices = self.read_links(&ownership.devices).await?;
         let indexes: Vec<u32> = devices.iter().map(|l| l.index).collect();
-        // Dumps on one socket run one after another; the nexthop and ipset
-        // sockets work alongside.
-        let rtnl_dumps = async {
-            Ok::<_, KernelError>((
-                self.dump_routes(ownership.protocol, &indexes).await?,
-                self.dump_neighbors(&indexes).await?,
-                self.dump_fdb(&indexes).await?,
-            ))
-        };
-        let ((routes, neighbors, fdb), nexthops, ipsets) = futures::try_join!(
-            rtnl_dumps,
+        // All at once, the largest first: they take the dump sockets in
+        // the order they ask for them; the ipset socket works alongside.
+        let (routes, nexthops, neighbors, fdb, ipsets) = futures::try_join!(
+            self.dump_routes(ownership.protocol, &indexes),
             self.dump_nexthops(ownership.protocol),
+            self.dump_neighbors(&indexes),
+            self.dump_fdb(&indexes),
             self.dump_ipsets(&ownership.ipsets),
         )?;
         Ok(KernelState {

@@ -1,16 +1,16 @@
 //! Nexthop objects (`ip nexthop`): netlink-packet-route has no
-//! RTM_*NEXTHOP messages, so they are defined here (struct nhmsg and the
-//! attributes vxmgr uses) and sent on a connection of their own.
+//! RTM_*NEXTHOP messages, so requests are built here (struct nhmsg and the
+//! attributes vxmgr uses) and sent on a connection of their own; dumps are
+//! parsed in place.
 
 use std::net::IpAddr;
 
 use rtnetlink::packet_core::{
-    DecodeError, DefaultNla, Emitable, NLM_F_CREATE, NLM_F_REPLACE, NetlinkDeserializable,
-    NetlinkHeader, NetlinkSerializable, Nla, NlaBuffer, NlasIterator, Parseable, parse_ip,
-    parse_u32,
+    DecodeError, Emitable, NLM_F_CREATE, NLM_F_REPLACE, NetlinkDeserializable, NetlinkHeader,
+    NetlinkSerializable, Nla,
 };
 
-use super::NetlinkBackend;
+use super::{NetlinkBackend, raw};
 use crate::kernel::KernelError;
 use crate::kernel::objects::KernelNexthop;
 
@@ -35,7 +35,7 @@ pub enum NexthopMessageType {
     Get,
 }
 
-/// An RTM_NEWNEXTHOP, RTM_DELNEXTHOP or RTM_GETNEXTHOP message.
+/// An RTM_NEWNEXTHOP, RTM_DELNEXTHOP or RTM_GETNEXTHOP request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NexthopMessage {
     pub message_type: NexthopMessageType,
@@ -52,7 +52,6 @@ pub enum NexthopAttribute {
     Id(u32),
     Oif(u32),
     Gateway(IpAddr),
-    Other(DefaultNla),
 }
 
 impl NexthopMessage {
@@ -96,28 +95,31 @@ impl NexthopMessage {
     pub fn dump() -> NexthopMessage {
         NexthopMessage::new(NexthopMessageType::Get)
     }
+}
 
-    /// The nexthop as vxmgr programs it, if it is one of that shape: a
-    /// single gateway on an interface (not a group or a blackhole).
-    pub fn to_kernel(&self) -> Option<KernelNexthop> {
-        let mut id = None;
-        let mut ifindex = None;
-        let mut gateway = None;
-        for attribute in &self.attributes {
-            match attribute {
-                NexthopAttribute::Id(v) => id = Some(*v),
-                NexthopAttribute::Oif(v) => ifindex = Some(*v),
-                NexthopAttribute::Gateway(v) => gateway = Some(*v),
-                NexthopAttribute::Other(_) => {}
-            }
+/// The nexthop in an RTM_NEWNEXTHOP payload (struct nhmsg and its
+/// attributes), if it has the shape vxmgr programs: a single gateway on an
+/// interface (not a group or a blackhole).
+fn parse_nexthop(payload: &[u8]) -> Option<KernelNexthop> {
+    // struct nhmsg { family, scope, protocol, resvd: u8; flags: u32 }
+    let protocol = payload.get(..HEADER_LEN)?[2];
+    let mut id = None;
+    let mut ifindex = None;
+    let mut gateway = None;
+    for attribute in raw::attributes(&payload[HEADER_LEN..]) {
+        match attribute.ok()? {
+            (NHA_ID, value) => id = Some(raw::u32_value(value)?),
+            (NHA_OIF, value) => ifindex = Some(raw::u32_value(value)?),
+            (NHA_GATEWAY, value) => gateway = Some(raw::ip_value(value)?),
+            _ => {}
         }
-        Some(KernelNexthop {
-            id: id?,
-            gateway: gateway?,
-            ifindex: ifindex?,
-            protocol: self.protocol,
-        })
     }
+    Some(KernelNexthop {
+        id: id?,
+        gateway: gateway?,
+        ifindex: ifindex?,
+        protocol,
+    })
 }
 
 impl Nla for NexthopAttribute {
@@ -126,7 +128,6 @@ impl Nla for NexthopAttribute {
             NexthopAttribute::Id(_) | NexthopAttribute::Oif(_) => 4,
             NexthopAttribute::Gateway(IpAddr::V4(_)) => 4,
             NexthopAttribute::Gateway(IpAddr::V6(_)) => 16,
-            NexthopAttribute::Other(nla) => nla.value_len(),
         }
     }
 
@@ -135,7 +136,6 @@ impl Nla for NexthopAttribute {
             NexthopAttribute::Id(_) => NHA_ID,
             NexthopAttribute::Oif(_) => NHA_OIF,
             NexthopAttribute::Gateway(_) => NHA_GATEWAY,
-            NexthopAttribute::Other(nla) => nla.kind(),
         }
     }
 
@@ -146,20 +146,7 @@ impl Nla for NexthopAttribute {
             }
             NexthopAttribute::Gateway(IpAddr::V4(ip)) => buffer.copy_from_slice(&ip.octets()),
             NexthopAttribute::Gateway(IpAddr::V6(ip)) => buffer.copy_from_slice(&ip.octets()),
-            NexthopAttribute::Other(nla) => nla.emit_value(buffer),
         }
-    }
-}
-
-impl<T: AsRef<[u8]> + ?Sized> Parseable<NlaBuffer<&T>> for NexthopAttribute {
-    fn parse(buffer: &NlaBuffer<&T>) -> Result<Self, DecodeError> {
-        let value = buffer.value();
-        Ok(match buffer.kind() {
-            NHA_ID => NexthopAttribute::Id(parse_u32(value)?),
-            NHA_OIF => NexthopAttribute::Oif(parse_u32(value)?),
-            NHA_GATEWAY => NexthopAttribute::Gateway(parse_ip(value)?),
-            _ => NexthopAttribute::Other(DefaultNla::parse(buffer)?),
-        })
     }
 }
 
@@ -185,29 +172,17 @@ impl NetlinkSerializable for NexthopMessage {
     }
 }
 
+/// The nexthop connection needs a decoder, but the kernel answers its
+/// requests with ACKs only: dumps go through `Dumps`.
 impl NetlinkDeserializable for NexthopMessage {
     type Error = DecodeError;
 
-    fn deserialize(header: &NetlinkHeader, payload: &[u8]) -> Result<Self, DecodeError> {
-        let message_type = match header.message_type {
-            RTM_NEWNEXTHOP => NexthopMessageType::New,
-            RTM_DELNEXTHOP => NexthopMessageType::Del,
-            RTM_GETNEXTHOP => NexthopMessageType::Get,
-            other => return Err(format!("not a nexthop message: type {other}").into()),
-        };
-        if payload.len() < HEADER_LEN {
-            return Err(format!("nexthop message of {} bytes", payload.len()).into());
-        }
-        let attributes = NlasIterator::new(&payload[HEADER_LEN..])
-            .map(|nla| NexthopAttribute::parse(&nla?))
-            .collect::<Result<Vec<_>, DecodeError>>()?;
-        Ok(NexthopMessage {
-            message_type,
-            family: payload[0],
-            protocol: payload[2],
-            flags: parse_u32(&payload[4..HEADER_LEN])?,
-            attributes,
-        })
+    fn deserialize(header: &NetlinkHeader, _: &[u8]) -> Result<Self, DecodeError> {
+        Err(format!(
+            "unexpected message of type {} on the nexthop connection",
+            header.message_type
+        )
+        .into())
     }
 }
 
@@ -244,35 +219,36 @@ impl NetlinkBackend {
         &self,
         protocol: u8,
     ) -> Result<Vec<KernelNexthop>, KernelError> {
-        let answers = self.nexthops.dump(NexthopMessage::dump()).await?;
-        Ok(answers
-            .iter()
-            .filter(|m| m.protocol == protocol)
-            .filter_map(NexthopMessage::to_kernel)
-            .collect())
+        self.dumps
+            .dump(NexthopMessage::dump(), move |message| {
+                parse_nexthop(message.of_type(RTM_NEWNEXTHOP)?).filter(|n| n.protocol == protocol)
+            })
+            .await
     }
 
     /// Whether the kernel has nexthop objects: they came with Linux 5.3,
     /// and older kernels refuse the dump.
     pub(super) async fn nexthops_supported(&self) -> bool {
-        self.nexthops.dump(NexthopMessage::dump()).await.is_ok()
+        self.dumps
+            .dump(NexthopMessage::dump(), |_| None::<()>)
+            .await
+            .is_ok()
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::raw::build::attribute;
     use super::*;
 
-    fn round_trip(message: &NexthopMessage) -> NexthopMessage {
+    fn payload(message: &NexthopMessage) -> Vec<u8> {
         let mut buffer = vec![0; message.buffer_len()];
         message.serialize(&mut buffer);
-        let mut header = NetlinkHeader::default();
-        header.message_type = message.message_type();
-        NexthopMessage::deserialize(&header, &buffer).unwrap()
+        buffer
     }
 
     #[test]
-    fn replace_message_round_trips_for_both_families() {
+    fn replace_message_parses_back_for_both_families() {
         for gateway in ["10.244.3.0", "fd10:244:3::"] {
             let nexthop = KernelNexthop {
                 id: 0x7678_0001,
@@ -282,9 +258,7 @@ mod tests {
             };
             let message = NexthopMessage::replace(&nexthop);
             assert_eq!(message.flags, RTNH_F_ONLINK);
-            let parsed = round_trip(&message);
-            assert_eq!(parsed, message);
-            assert_eq!(parsed.to_kernel(), Some(nexthop));
+            assert_eq!(parse_nexthop(&payload(&message)), Some(nexthop));
         }
     }
 
@@ -296,8 +270,6 @@ mod tests {
             ifindex: 4,
             protocol: 80,
         });
-        let mut buffer = vec![0; message.buffer_len()];
-        message.serialize(&mut buffer);
         let mut expected = vec![libc::AF_INET as u8, 0, 80, 0];
         expected.extend_from_slice(&RTNH_F_ONLINK.to_ne_bytes());
         expected.extend_from_slice(&[8, 0, 1, 0]);
@@ -305,17 +277,20 @@ mod tests {
         expected.extend_from_slice(&[8, 0, 5, 0]);
         expected.extend_from_slice(&4u32.to_ne_bytes());
         expected.extend_from_slice(&[8, 0, 6, 0, 10, 244, 3, 0]);
-        assert_eq!(buffer, expected);
+        assert_eq!(payload(&message), expected);
     }
 
     #[test]
     fn blackhole_and_group_nexthops_are_not_ours_to_parse() {
-        let mut message = NexthopMessage::delete(5);
-        message
-            .attributes
-            .push(NexthopAttribute::Other(DefaultNla::new(4, Vec::new())));
-        let parsed = round_trip(&message);
-        assert_eq!(parsed, message);
-        assert_eq!(parsed.to_kernel(), None);
+        const NHA_GROUP: u16 = 2;
+        const NHA_BLACKHOLE: u16 = 3;
+        let mut blackhole = vec![libc::AF_INET as u8, 0, 80, 0, 0, 0, 0, 0];
+        blackhole.extend(attribute(NHA_ID, &5u32.to_ne_bytes()));
+        blackhole.extend(attribute(NHA_BLACKHOLE, &[]));
+        assert_eq!(parse_nexthop(&blackhole), None);
+        let mut group = vec![0, 0, 80, 0, 0, 0, 0, 0];
+        group.extend(attribute(NHA_ID, &6u32.to_ne_bytes()));
+        group.extend(attribute(NHA_GROUP, &[5, 0, 0, 0, 0, 0, 0, 0]));
+        assert_eq!(parse_nexthop(&group), None);
     }
 }

@@ -13,7 +13,7 @@ use futures::StreamExt;
 use nix::sys::socket::{setsockopt, sockopt};
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage,
-    NetlinkPayload, NetlinkSerializable, NlasIterator,
+    NetlinkPayload, NetlinkSerializable,
 };
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::sys::{
@@ -23,12 +23,13 @@ use rtnetlink::sys::{
 use tokio::sync::Mutex;
 use tracing::debug;
 
+use super::raw;
 use crate::kernel::KernelError;
 
 /// How long the kernel may take to send the next message of an answer.
 /// Answers only go missing when a reply cannot be decoded; this turns that
 /// into an error instead of a hang.
-const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Receive buffer of every socket. With hundreds of requests in flight the
 /// kernel queues their ACKs faster than they are read, and an ACK that finds
@@ -163,7 +164,7 @@ where
 }
 
 /// A kernel refusal: errno, and the extended-ACK message when there is one.
-fn refusal(errno: i32, ack_attributes: &[u8]) -> KernelError {
+pub(super) fn refusal(errno: i32, ack_attributes: &[u8]) -> KernelError {
     let mut error = KernelError::from_errno(errno);
     if let Some(text) = extack_message(ack_attributes) {
         error.message = format!("{} ({text})", error.message);
@@ -172,11 +173,11 @@ fn refusal(errno: i32, ack_attributes: &[u8]) -> KernelError {
 }
 
 fn extack_message(attributes: &[u8]) -> Option<String> {
-    NlasIterator::new(attributes)
+    raw::attributes(attributes)
         .map_while(Result::ok)
-        .find(|nla| nla.kind() == NLMSGERR_ATTR_MSG)
-        .map(|nla| {
-            String::from_utf8_lossy(nla.value())
+        .find(|(kind, _)| *kind == NLMSGERR_ATTR_MSG)
+        .map(|(_, text)| {
+            String::from_utf8_lossy(text)
                 .trim_end_matches('\0')
                 .to_string()
         })

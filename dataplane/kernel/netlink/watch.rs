@@ -1,17 +1,18 @@
 //! The kernel's change notifications (what `ip monitor` shows) for links,
-//! addresses, routes and neighbours, as `Notification`s.
+//! addresses, routes and neighbours, as `Notification`s. They are read on
+//! a socket of their own and parsed in place by the parsers the dumps use.
 
-use futures::StreamExt;
-use netlink_packet_route::RouteNetlinkMessage;
-use netlink_packet_route::neighbour::NeighbourMessage;
-use rtnetlink::MulticastGroup;
-use rtnetlink::packet_core::NetlinkPayload;
-use rtnetlink::sys::AsyncSocket;
+use std::io;
+
+use rtnetlink::sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tracing::warn;
 
-use super::neighbour::{address_of, is_permanent, mac_of, parse_fdb, parse_neighbor};
-use super::route::parse_route;
+use super::neighbour::{Entry, RTM_DELNEIGH, RTM_NEWNEIGH};
+use super::raw::{self, Message};
+use super::route::{RTM_DELROUTE, RTM_NEWROUTE, parse_route};
 use crate::kernel::objects::Notification;
 use crate::kernel::{KernelError, NOTIFICATION_BUFFER};
 
@@ -19,90 +20,143 @@ use crate::kernel::{KernelError, NOTIFICATION_BUFFER};
 /// (ours echoed back) must not overrun it.
 const RECEIVE_BUFFER: usize = 32 << 20;
 
+/// Room for one datagram: a notification is one message, and only a link's
+/// (with many SR-IOV VFs) comes near this.
+const DATAGRAM_BUFFER: usize = 256 << 10;
+
+// From linux/rtnetlink.h.
+const RTM_NEWLINK: u16 = 16;
+const RTM_DELLINK: u16 = 17;
+const RTM_NEWADDR: u16 = 20;
+const RTM_DELADDR: u16 = 21;
+const RTNLGRP_LINK: u32 = 1;
+const RTNLGRP_NEIGH: u32 = 3;
+const RTNLGRP_IPV4_IFADDR: u32 = 5;
+const RTNLGRP_IPV4_ROUTE: u32 = 7;
+const RTNLGRP_IPV6_IFADDR: u32 = 9;
+const RTNLGRP_IPV6_ROUTE: u32 = 11;
+
 /// Subscribes, in the calling thread's network namespace, on the current
 /// tokio runtime.
 pub(super) fn subscribe() -> Result<mpsc::Receiver<Notification>, KernelError> {
-    let opened = rtnetlink::new_multicast_connection(&[
-        MulticastGroup::Link,
-        MulticastGroup::Ipv4Ifaddr,
-        MulticastGroup::Ipv6Ifaddr,
-        MulticastGroup::Ipv4Route,
-        MulticastGroup::Ipv6Route,
-        MulticastGroup::Neigh,
-    ])
-    .and_then(|(mut connection, _, messages)| {
-        super::socket::raise_receive_buffer(connection.socket_mut().socket_mut(), RECEIVE_BUFFER)?;
-        Ok((connection, messages))
-    });
-    let (connection, mut messages) = opened.map_err(|e| KernelError {
+    let socket = open().map_err(|e| KernelError {
         errno: e.raw_os_error(),
         message: format!("subscribing to kernel notifications: {e}"),
     })?;
-    tokio::spawn(connection);
     let (tx, rx) = mpsc::channel(NOTIFICATION_BUFFER);
-    tokio::spawn(async move {
-        let mut overrun = false;
-        while let Some((message, _)) = messages.next().await {
-            let notification = match message.payload {
-                NetlinkPayload::InnerMessage(m) => match notification(m) {
-                    Some(n) => n,
-                    None => continue,
-                },
-                NetlinkPayload::Overrun(_) => Notification::Overrun,
-                _ => continue,
-            };
-            // A reader that falls behind gets one overrun, then resyncs.
-            if overrun {
-                if tx.try_send(Notification::Overrun).is_ok() {
-                    overrun = false;
-                }
-                continue;
-            }
-            match tx.try_send(notification) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    warn!("kernel notifications arrive faster than they are handled");
-                    overrun = true;
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => return,
-            }
-        }
-    });
+    tokio::spawn(forward(socket, tx));
     Ok(rx)
 }
 
-fn notification(message: RouteNetlinkMessage) -> Option<Notification> {
-    Some(match message {
-        RouteNetlinkMessage::NewRoute(m) => Notification::Route(parse_route(&m)?),
-        RouteNetlinkMessage::DelRoute(m) => Notification::RouteGone(parse_route(&m)?),
-        RouteNetlinkMessage::NewNeighbour(m) => neighbour(&m, false)?,
-        RouteNetlinkMessage::DelNeighbour(m) => neighbour(&m, true)?,
-        RouteNetlinkMessage::NewLink(_)
-        | RouteNetlinkMessage::DelLink(_)
-        | RouteNetlinkMessage::NewAddress(_)
-        | RouteNetlinkMessage::DelAddress(_) => Notification::Links,
+fn open() -> io::Result<AsyncFd<Socket>> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind(&SocketAddr::new(0, 0))?;
+    for group in [
+        RTNLGRP_LINK,
+        RTNLGRP_NEIGH,
+        RTNLGRP_IPV4_IFADDR,
+        RTNLGRP_IPV4_ROUTE,
+        RTNLGRP_IPV6_IFADDR,
+        RTNLGRP_IPV6_ROUTE,
+    ] {
+        socket.add_membership(group)?;
+    }
+    super::socket::raise_receive_buffer(&mut socket, RECEIVE_BUFFER)?;
+    socket.set_non_blocking(true)?;
+    // SAFETY: the socket owns its descriptor and closes it only when
+    // dropped, and the AsyncFd owns the socket: the descriptor stays open
+    // and the same for as long as it is registered.
+    unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }.map_err(io::Error::from)
+}
+
+/// Reads notifications until the receiver goes away or the socket fails.
+async fn forward(socket: AsyncFd<Socket>, tx: mpsc::Sender<Notification>) {
+    let mut buffer = Vec::with_capacity(DATAGRAM_BUFFER);
+    let mut sender = Sender { tx, overrun: false };
+    loop {
+        let received = socket
+            .async_io(Interest::READABLE, |socket| {
+                buffer.clear();
+                // MSG_TRUNC: the datagram's whole length, even if it did not fit.
+                socket.recv(&mut buffer, libc::MSG_TRUNC)
+            })
+            .await;
+        let open = match received {
+            // A datagram that did not fit is lost, as in an overrun.
+            Ok(len) if len > buffer.capacity() => sender.send(Notification::Overrun),
+            Ok(_) => raw::messages(&buffer)
+                .map_while(Result::ok)
+                .filter_map(notification)
+                .all(|n| sender.send(n)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => sender.send(Notification::Overrun),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
+            Err(e) => {
+                warn!(error = %e, "reading kernel notifications failed");
+                return;
+            }
+        };
+        if !open {
+            return;
+        }
+    }
+}
+
+/// Hands notifications on without waiting: a reader that falls behind gets
+/// one overrun, then resyncs.
+struct Sender {
+    tx: mpsc::Sender<Notification>,
+    overrun: bool,
+}
+
+impl Sender {
+    /// Whether the receiver is still there.
+    fn send(&mut self, notification: Notification) -> bool {
+        if self.overrun {
+            if self.tx.try_send(Notification::Overrun).is_ok() {
+                self.overrun = false;
+            }
+            return !self.tx.is_closed();
+        }
+        match self.tx.try_send(notification) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                warn!("kernel notifications arrive faster than they are handled");
+                self.overrun = true;
+                true
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+fn notification(message: Message<'_>) -> Option<Notification> {
+    Some(match message.kind {
+        RTM_NEWROUTE => Notification::Route(parse_route(message.payload)?),
+        RTM_DELROUTE => Notification::RouteGone(parse_route(message.payload)?),
+        RTM_NEWNEIGH => neighbour(&Entry::parse(message.payload)?, false)?,
+        RTM_DELNEIGH => neighbour(&Entry::parse(message.payload)?, true)?,
+        RTM_NEWLINK | RTM_DELLINK | RTM_NEWADDR | RTM_DELADDR => Notification::Links,
         _ => return None,
     })
 }
 
 /// An entry that stops being permanent is gone as far as vxmgr is concerned.
-fn neighbour(message: &NeighbourMessage, deleted: bool) -> Option<Notification> {
-    let present = !deleted && is_permanent(message);
-    let ifindex = message.header.ifindex;
-    if let Some(entry) = parse_fdb(message).filter(|_| present) {
-        return Some(Notification::Fdb(entry));
+fn neighbour(entry: &Entry, deleted: bool) -> Option<Notification> {
+    let present = !deleted && entry.is_permanent();
+    if let Some(fdb) = entry.fdb().filter(|_| present) {
+        return Some(Notification::Fdb(fdb));
     }
-    if let Some(neighbor) = parse_neighbor(message).filter(|_| present) {
+    if let Some(neighbor) = entry.neighbor().filter(|_| present) {
         return Some(Notification::Neighbor(neighbor));
     }
-    if message.header.family == netlink_packet_route::AddressFamily::Bridge {
+    if entry.is_fdb() {
         return Some(Notification::FdbGone {
-            ifindex,
-            mac: mac_of(message)?,
+            ifindex: entry.ifindex,
+            mac: entry.mac?,
         });
     }
     Some(Notification::NeighborGone {
-        ifindex,
-        address: address_of(message)?,
+        ifindex: entry.ifindex,
+        address: entry.address?,
     })
 }
