@@ -10,6 +10,9 @@ use super::{Result, TestbedError, run};
 
 /// A route only the monitor uses, to know it has seen everything before it.
 const MARKER: &str = "198.51.100.77";
+/// How long one marker is waited for, and how many are made.
+const MARKER_WAIT: Duration = Duration::from_secs(1);
+const MARKER_ATTEMPTS: u32 = 30;
 
 pub struct Monitor {
     ns: String,
@@ -53,14 +56,24 @@ impl Monitor {
     }
 
     /// Makes a change of its own and waits for it: every change the kernel
-    /// reported before is then in `seen`.
+    /// reported before is then in `seen`. Right after start the monitor may
+    /// not listen yet, so an unseen marker is made again.
     pub fn sync(&mut self) -> Result<()> {
         let marker = format!("{MARKER}/32");
-        run(&["ip", "-n", &self.ns, "route", "add", &marker, "dev", "lo"])?;
-        run(&["ip", "-n", &self.ns, "route", "del", &marker, "dev", "lo"])?;
-        self.wait_for("the monitor's own marker", Duration::from_secs(30), |l| {
-            l.starts_with("Deleted") && l.contains(MARKER)
-        })?;
+        let mut attempts = 0;
+        loop {
+            run(&["ip", "-n", &self.ns, "route", "add", &marker, "dev", "lo"])?;
+            run(&["ip", "-n", &self.ns, "route", "del", &marker, "dev", "lo"])?;
+            attempts += 1;
+            let seen = self.wait_for("the monitor's own marker", MARKER_WAIT, |l| {
+                l.starts_with("Deleted") && l.contains(MARKER)
+            });
+            match seen {
+                Ok(()) => break,
+                Err(_) if attempts < MARKER_ATTEMPTS => continue,
+                Err(e) => return Err(e),
+            }
+        }
         self.seen.retain(|l| !l.contains(MARKER));
         Ok(())
     }
