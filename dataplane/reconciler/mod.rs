@@ -350,10 +350,10 @@ impl<B: KernelBackend> Reconciler<B> {
                 .find(|l| l.index == index)
                 .and_then(|l| Family::ALL.into_iter().find(|f| f.device_name() == l.name))
         };
-        self.routes
-            .reset_actual(state.routes.iter().map(|r| (r.dst, *r)));
-        let keyed = self.nexthop_ids.reset(state.nexthops.clone());
-        self.nexthops.reset_actual(keyed);
+        // Nexthops first: routes render through the programmed ones.
+        let keyed = self.nexthop_ids.reset(state.nexthops);
+        let ctx = Context::new(&self.devices, &self.nexthop_ids, None, self.use_nexthops);
+        self.nexthops.reset_actual(keyed, &ctx);
         let ids = &self.nexthop_ids;
         self.unassigned.extend(
             self.nexthops
@@ -362,28 +362,39 @@ impl<B: KernelBackend> Reconciler<B> {
                 .filter(|k| ids.get(k).is_none())
                 .cloned(),
         );
+        let ctx = Context::new(
+            &self.devices,
+            &self.nexthop_ids,
+            Some(&self.nexthops.actual),
+            self.use_nexthops,
+        );
+        let routes = state.routes.len();
+        self.routes
+            .reset_actual(state.routes.into_iter().map(|r| (r.dst, r)), &ctx);
         self.neighbors
-            .reset_actual(state.neighbors.iter().map(|n| (n.address, *n)));
+            .reset_actual(state.neighbors.into_iter().map(|n| (n.address, n)), &ctx);
         self.fdb.reset_actual(
             state
                 .fdb
-                .iter()
-                .filter_map(|e| Some((FdbKey(family_of(e.ifindex)?, e.mac), *e))),
+                .into_iter()
+                .filter_map(|e| Some((FdbKey(family_of(e.ifindex)?, e.mac), e))),
+            &ctx,
         );
+        self.ipsets_present = state.ipsets.iter().map(|(name, _)| name.clone()).collect();
         self.ipset.reset_actual(
             state
                 .ipsets
-                .iter()
-                .flat_map(|(_, members)| members.iter().map(|m| (*m, *m))),
+                .into_iter()
+                .flat_map(|(_, members)| members.into_iter().map(|m| (m, m))),
+            &ctx,
         );
-        self.ipsets_present = state.ipsets.iter().map(|(name, _)| name.clone()).collect();
         for family in Family::ALL {
             self.find_parent(family, &mut report).await;
         }
         self.pass(&mut report).await;
         debug!(
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            routes = state.routes.len(),
+            routes,
             "resync"
         );
         Ok(report)

@@ -175,10 +175,25 @@ impl<D: Programmable> Table<D> {
         self.stale.clear();
     }
 
-    /// Takes what a dump found as the actual state, and re-checks everything.
-    pub fn reset_actual(&mut self, actual: impl IntoIterator<Item = (D::Key, D::Kernel)>) {
-        self.actual = actual.into_iter().collect();
-        self.pending.extend(self.desired.keys().cloned());
+    /// Takes what a dump found as the actual state: what differs from the
+    /// desired state (or cannot be rendered yet) becomes pending, what
+    /// nothing wants stale. Comparing here, rather than marking every key
+    /// pending, keeps a resync without drift from touching the pending set.
+    pub fn reset_actual(
+        &mut self,
+        actual: impl IntoIterator<Item = (D::Key, D::Kernel)>,
+        ctx: &dyn RenderContext,
+    ) {
+        self.actual.clear();
+        self.actual.extend(actual);
+        for (key, desired) in &self.desired {
+            let right = desired
+                .render(ctx)
+                .is_some_and(|kernel| self.actual.get(key) == Some(&kernel));
+            if !right {
+                self.pending.insert(key.clone());
+            }
+        }
         self.mark_stale();
     }
 

@@ -50,45 +50,32 @@ impl NetlinkBackend {
     /// leaving out those the kernel makes for addresses and links (such as
     /// `fe80::/64` on every IPv6 device): they are the kernel's. All the
     /// dumps run at once.
+    /// Our routes: those with our protocol, and those through our devices
+    /// (less the kernel's own). One dump of the main table per family,
+    /// filtered here: the kernel can filter a dump by protocol or by device
+    /// but not by either, and a dump of each would have it write every one
+    /// of our routes twice, which is most of a resync's cost.
     pub(super) async fn dump_routes(
         &self,
         protocol: u8,
         devices: &[u32],
     ) -> Result<Vec<KernelRoute>, KernelError> {
-        let mut dumps = Vec::new();
-        for family in [AddressFamily::Inet, AddressFamily::Inet6] {
-            let filter = dump_filter(family, protocol.into(), None);
-            dumps.push(self.dump_main(filter, protocol, false));
-            for &index in devices {
-                let filter = dump_filter(family, RouteProtocol::Unspec, Some(index));
-                dumps.push(self.dump_main(filter, protocol, true));
-            }
-        }
-        let found = futures::future::try_join_all(dumps).await?;
-        Ok(found.into_iter().flatten().collect())
-    }
-
-    /// The routes a main-table dump finds, less the kernel's own (unless
-    /// ours is the kernel's protocol). A dump by device also leaves out
-    /// those with our protocol: the dump by protocol has them.
-    async fn dump_main(
-        &self,
-        filter: RouteMessage,
-        ours: u8,
-        by_device: bool,
-    ) -> Result<Vec<KernelRoute>, KernelError> {
-        let keep = move |protocol: u8| {
-            if protocol == ours {
-                !by_device
-            } else {
-                protocol != RTPROT_KERNEL
-            }
-        };
-        self.dumps
-            .dump(RouteNetlinkMessage::GetRoute(filter), move |message| {
-                parse_route(message.of_type(RTM_NEWROUTE)?).filter(|r| keep(r.protocol))
-            })
-            .await
+        let dumps = [AddressFamily::Inet, AddressFamily::Inet6].map(|family| {
+            let devices = devices.to_vec();
+            let ours = move |route: &KernelRoute| {
+                route.protocol == protocol
+                    || (route.protocol != RTPROT_KERNEL
+                        && route.ifindex().is_some_and(|i| devices.contains(&i)))
+            };
+            self.dumps.dump(
+                RouteNetlinkMessage::GetRoute(dump_filter(family)),
+                move |message| parse_route(message.of_type(RTM_NEWROUTE)?).filter(&ours),
+            )
+        });
+        let [v4, v6] = dumps;
+        let (mut v4, v6) = futures::try_join!(v4, v6)?;
+        v4.extend(v6);
+        Ok(v4)
     }
 }
 
@@ -149,17 +136,14 @@ fn delete_message(route: &KernelRoute) -> RouteMessage {
 
 /// A dump of one family's main-table routes with `protocol` (`Unspec`:
 /// any) through `oif` (`None`: any), for a strict-check socket.
-fn dump_filter(family: AddressFamily, protocol: RouteProtocol, oif: Option<u32>) -> RouteMessage {
+fn dump_filter(family: AddressFamily) -> RouteMessage {
     let mut message = RouteMessage::default();
     message.header.address_family = family;
     message.header.table = RouteHeader::RT_TABLE_MAIN;
-    message.header.protocol = protocol;
+    message.header.protocol = RouteProtocol::Unspec;
     message.header.scope = RouteScope::Universe;
     // Unspec, not Unicast: a type in the filter would leave blackholes out.
     message.header.kind = RouteType::Unspec;
-    if let Some(oif) = oif {
-        message.attributes.push(RouteAttribute::Oif(oif));
-    }
     message
 }
 
