@@ -175,7 +175,7 @@ pub async fn run<B: KernelBackend>(
     }
 }
 
-async fn recv<T>(rx: &mut Option<mpsc::Receiver<T>>) -> Option<T> {
+async fn recv<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
     match rx {
         Some(rx) => rx.recv().await,
         None => std::future::pending().await,

@@ -73,6 +73,8 @@ pub enum DaemonError {
     },
     #[error("the {0} kernel backend is not available: {1}")]
     Backend(&'static str, String),
+    #[error("starting the kernel task: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// Runs the daemon until `shutdown` completes.
@@ -82,24 +84,24 @@ pub async fn run(
 ) -> Result<(), DaemonError> {
     match options.kernel {
         KernelKind::Memory => {
-            run_with_backend(
-                MemoryBackend::with_underlay("eth0", 1500),
-                options,
-                shutdown,
-            )
-            .await
+            let open = || Ok(MemoryBackend::with_underlay("eth0", 1500));
+            run_with_backend(open, options, shutdown).await
         }
         KernelKind::Netlink => {
-            let backend =
-                NetlinkBackend::new().map_err(|e| DaemonError::Backend("netlink", e.message))?;
-            run_with_backend(backend, options, shutdown).await
+            let open =
+                || NetlinkBackend::new().map_err(|e| DaemonError::Backend("netlink", e.message));
+            run_with_backend(open, options, shutdown).await
         }
     }
 }
 
-/// Runs the daemon on a given kernel backend.
+/// Runs the daemon on the kernel backend `open` makes. The backend, its
+/// sockets' connections and the reconciler live on a thread and a
+/// single-threaded runtime of their own: a pipelined apply is a stream of
+/// small requests and answers, and hopping between worker threads for each
+/// of them costs more than the work.
 pub async fn run_with_backend<B: KernelBackend>(
-    backend: B,
+    open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
     options: DaemonOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
@@ -117,15 +119,11 @@ pub async fn run_with_backend<B: KernelBackend>(
     let config = Config::new(options.flags.clone());
     let settings = config.settings();
     let manager = Manager::new(&options.hostname, config);
-    let reconciler = Reconciler::new(
-        backend,
-        ReconcilerOptions {
-            nexthops: options.nexthops,
-            disable_tx_checksum: checksum_offload_off(options.checksum_offload_broken),
-            route_protocol: settings.route_protocol,
-        },
-    )
-    .await;
+    let reconciler_options = ReconcilerOptions {
+        nexthops: options.nexthops,
+        disable_tx_checksum: checksum_offload_off(options.checksum_offload_broken),
+        route_protocol: settings.route_protocol,
+    };
 
     // Chunks of messages (up to 1024 each), GetState requests, stream events.
     let (engine_tx, engine_rx) = mpsc::channel(64);
@@ -133,15 +131,46 @@ pub async fn run_with_backend<B: KernelBackend>(
     let (events_tx, events_rx) = mpsc::channel(16);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
 
-    let kernel = tokio::spawn(kernel_task::run(
-        reconciler,
-        KernelTaskOptions {
-            device_check_interval: options.device_check_interval,
-            refresh_interval: settings.route_refresh_interval,
-        },
-        kernel_rx,
-        events_tx,
-    ));
+    let task_options = KernelTaskOptions {
+        device_check_interval: options.device_check_interval,
+        refresh_interval: settings.route_refresh_interval,
+    };
+    let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+    let kernel = std::thread::Builder::new()
+        .name("vxmgr-kernel".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    let _ = opened_tx.send(Err(DaemonError::Runtime(e)));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let backend = match open() {
+                    Ok(backend) => backend,
+                    Err(e) => {
+                        let _ = opened_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = opened_tx.send(Ok(()));
+                let reconciler = Reconciler::new(backend, reconciler_options).await;
+                kernel_task::run(reconciler, task_options, kernel_rx, events_tx).await;
+            });
+        })
+        .map_err(DaemonError::Runtime)?;
+    let opened = match opened_rx.await {
+        Ok(opened) => opened,
+        Err(_) => Err(DaemonError::Backend("kernel", "its thread ended".into())),
+    };
+    if let Err(e) = opened {
+        let _ = std::fs::remove_file(&options.socket);
+        return Err(e);
+    }
     let engine = tokio::spawn(engine::run(
         manager,
         EngineOptions {
@@ -179,8 +208,11 @@ pub async fn run_with_backend<B: KernelBackend>(
     if let Err(e) = engine.await {
         warn!(error = %e, "manager task failed");
     }
-    if let Err(e) = kernel.await {
-        warn!(error = %e, "kernel task failed");
+    if !matches!(
+        tokio::task::spawn_blocking(move || kernel.join()).await,
+        Ok(Ok(()))
+    ) {
+        warn!("kernel task failed");
     }
     if let Err(e) = std::fs::remove_file(&options.socket) {
         warn!(error = %e, socket = %options.socket.display(), "could not remove the socket");

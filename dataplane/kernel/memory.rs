@@ -15,7 +15,7 @@ use super::objects::{
     IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
     KernelState, Link, Notification, Ownership, VxlanAttrs,
 };
-use super::{KernelBackend, KernelError, NOTIFICATION_BUFFER};
+use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
 use crate::model::MacAddr;
 
@@ -40,7 +40,7 @@ pub struct MemoryKernel {
     /// host's underlay (see `with_underlay`).
     underlay: Option<ParentInterface>,
     /// Where changes by others (`interfere`) are notified.
-    watcher: Option<mpsc::Sender<Notification>>,
+    watcher: Option<mpsc::UnboundedSender<Notification>>,
 }
 
 /// A handle on a shared in-memory kernel.
@@ -120,10 +120,8 @@ impl MemoryBackend {
             | KernelOp::DeleteNexthop(_)
             | KernelOp::Ipset { .. } => return Ok(()),
         };
-        if let Some(watcher) = &k.watcher
-            && watcher.try_send(notification).is_err()
-        {
-            let _ = watcher.try_send(Notification::Overrun);
+        if let Some(watcher) = &k.watcher {
+            let _ = watcher.send(notification);
         }
         Ok(())
     }
@@ -404,8 +402,8 @@ impl KernelBackend for MemoryBackend {
         true
     }
 
-    fn watch(&mut self) -> Result<mpsc::Receiver<Notification>, KernelError> {
-        let (tx, rx) = mpsc::channel(NOTIFICATION_BUFFER);
+    fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<Notification>, KernelError> {
+        let (tx, rx) = mpsc::unbounded_channel();
         self.lock().watcher = Some(tx);
         Ok(rx)
     }

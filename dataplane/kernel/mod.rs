@@ -73,9 +73,9 @@ pub trait KernelBackend: Send + 'static {
     /// Whether the kernel has nexthop objects.
     fn supports_nexthops(&mut self) -> impl Future<Output = bool> + Send;
 
-    /// Subscribes to the kernel's change notifications.
-    fn watch(&mut self) -> Result<mpsc::Receiver<Notification>, KernelError>;
+    /// Subscribes to the kernel's change notifications. They queue without
+    /// bound while the reconciler is busy (a big apply echoes every change
+    /// back); the kernel socket's buffer is the bound, and its overrun is
+    /// reported as `Notification::Overrun`.
+    fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<Notification>, KernelError>;
 }
-
-/// Notifications buffered before the watcher reports an overrun.
-pub const NOTIFICATION_BUFFER: usize = 8192;

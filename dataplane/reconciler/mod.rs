@@ -209,7 +209,9 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 
     /// Subscribes to the kernel's change notifications (see `notice`).
-    pub fn watch(&mut self) -> Result<tokio::sync::mpsc::Receiver<Notification>, KernelError> {
+    pub fn watch(
+        &mut self,
+    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Notification>, KernelError> {
         self.backend.watch()
     }
 
@@ -394,8 +396,7 @@ impl<B: KernelBackend> Reconciler<B> {
         self.pass(&mut report).await;
         debug!(
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            routes,
-            "resync"
+            routes, "resync"
         );
         Ok(report)
     }
@@ -599,23 +600,37 @@ impl<B: KernelBackend> Reconciler<B> {
                 self.reconcile_device(family, report).await;
             }
         }
+        // Nexthops, neighbours and FDB entries do not depend on one another:
+        // one pipelined call for all of them.
         if self.use_nexthops {
             self.assign_nexthop_ids();
-            let ctx = Context::new(&self.devices, &self.nexthop_ids, None, true);
-            let planned = self.nexthops.plan_upserts(&ctx);
-            execute(&mut self.backend, &mut self.nexthops, planned, report).await;
         }
+        let ctx = Context::new(&self.devices, &self.nexthop_ids, None, self.use_nexthops);
+        let mut nexthops = if self.use_nexthops {
+            self.nexthops.plan_upserts(&ctx)
+        } else {
+            Plan::default()
+        };
+        let mut neighbors = self.neighbors.plan_upserts(&ctx);
+        let mut fdb = self.fdb.plan_upserts(&ctx);
+        let mut ops = std::mem::take(&mut nexthops.ops);
+        ops.append(&mut neighbors.ops);
+        ops.append(&mut fdb.ops);
+        if !ops.is_empty() {
+            let mut results = self.backend.apply(&ops).await.into_iter();
+            report.operations += ops.len() as u32;
+            record(&mut self.nexthops, nexthops, &mut results, report);
+            record(&mut self.neighbors, neighbors, &mut results, report);
+            record(&mut self.fdb, fdb, &mut results, report);
+        }
+        // Routes go through the nexthops now in the kernel.
         let ctx = Context::new(
             &self.devices,
             &self.nexthop_ids,
             Some(&self.nexthops.actual),
             self.use_nexthops,
         );
-        let neighbors = self.neighbors.plan_upserts(&ctx);
-        let fdb = self.fdb.plan_upserts(&ctx);
         let routes = self.routes.plan_upserts(&ctx);
-        execute(&mut self.backend, &mut self.neighbors, neighbors, report).await;
-        execute(&mut self.backend, &mut self.fdb, fdb, report).await;
         execute(&mut self.backend, &mut self.routes, routes, report).await;
         self.sync_ipsets(report).await;
 
@@ -897,13 +912,24 @@ async fn execute<B: KernelBackend, D: Programmable>(
     plan: Plan<D>,
     report: &mut Report,
 ) -> Vec<D::Key> {
-    let mut removed = Vec::new();
     if plan.is_empty() {
-        return removed;
+        return Vec::new();
     }
-    let results = backend.apply(&plan.ops).await;
-    let now = Instant::now();
+    let mut results = backend.apply(&plan.ops).await.into_iter();
     report.operations += plan.ops.len() as u32;
+    record(table, plan, &mut results, report)
+}
+
+/// Records the outcomes of a plan's operations, taken in order from
+/// `results`. Returns the keys whose objects were removed.
+fn record<D: Programmable>(
+    table: &mut Table<D>,
+    plan: Plan<D>,
+    results: &mut impl Iterator<Item = Result<(), KernelError>>,
+    report: &mut Report,
+) -> Vec<D::Key> {
+    let mut removed = Vec::new();
+    let now = Instant::now();
     for (p, result) in plan.entries.into_iter().zip(results) {
         let result = if p.effect == Effect::Removed {
             ignore_missing(result)

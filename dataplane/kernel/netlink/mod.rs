@@ -177,7 +177,7 @@ impl KernelBackend for NetlinkBackend {
         self.nexthops_supported().await
     }
 
-    fn watch(&mut self) -> Result<tokio::sync::mpsc::Receiver<Notification>, KernelError> {
+    fn watch(&mut self) -> Result<tokio::sync::mpsc::UnboundedReceiver<Notification>, KernelError> {
         watch::subscribe()
     }
 }

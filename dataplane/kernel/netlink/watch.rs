@@ -13,8 +13,8 @@ use tracing::warn;
 use super::neighbour::{Entry, RTM_DELNEIGH, RTM_NEWNEIGH};
 use super::raw::{self, Message};
 use super::route::{RTM_DELROUTE, RTM_NEWROUTE, parse_route};
+use crate::kernel::KernelError;
 use crate::kernel::objects::Notification;
-use crate::kernel::{KernelError, NOTIFICATION_BUFFER};
 
 /// Receive buffer of the notification socket: a burst of route changes
 /// (ours echoed back) must not overrun it.
@@ -38,12 +38,12 @@ const RTNLGRP_IPV6_ROUTE: u32 = 11;
 
 /// Subscribes, in the calling thread's network namespace, on the current
 /// tokio runtime.
-pub(super) fn subscribe() -> Result<mpsc::Receiver<Notification>, KernelError> {
+pub(super) fn subscribe() -> Result<mpsc::UnboundedReceiver<Notification>, KernelError> {
     let socket = open().map_err(|e| KernelError {
         errno: e.raw_os_error(),
         message: format!("subscribing to kernel notifications: {e}"),
     })?;
-    let (tx, rx) = mpsc::channel(NOTIFICATION_BUFFER);
+    let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(forward(socket, tx));
     Ok(rx)
 }
@@ -70,9 +70,9 @@ fn open() -> io::Result<AsyncFd<Socket>> {
 }
 
 /// Reads notifications until the receiver goes away or the socket fails.
-async fn forward(socket: AsyncFd<Socket>, tx: mpsc::Sender<Notification>) {
+async fn forward(socket: AsyncFd<Socket>, tx: mpsc::UnboundedSender<Notification>) {
     let mut buffer = Vec::with_capacity(DATAGRAM_BUFFER);
-    let mut sender = Sender { tx, overrun: false };
+    let send = |n| tx.send(n).is_ok();
     loop {
         let received = socket
             .async_io(Interest::READABLE, |socket| {
@@ -83,12 +83,12 @@ async fn forward(socket: AsyncFd<Socket>, tx: mpsc::Sender<Notification>) {
             .await;
         let open = match received {
             // A datagram that did not fit is lost, as in an overrun.
-            Ok(len) if len > buffer.capacity() => sender.send(Notification::Overrun),
+            Ok(len) if len > buffer.capacity() => send(Notification::Overrun),
             Ok(_) => raw::messages(&buffer)
                 .map_while(Result::ok)
                 .filter_map(notification)
-                .all(|n| sender.send(n)),
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => sender.send(Notification::Overrun),
+                .all(send),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => send(Notification::Overrun),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
             Err(e) => {
                 warn!(error = %e, "reading kernel notifications failed");
@@ -97,34 +97,6 @@ async fn forward(socket: AsyncFd<Socket>, tx: mpsc::Sender<Notification>) {
         };
         if !open {
             return;
-        }
-    }
-}
-
-/// Hands notifications on without waiting: a reader that falls behind gets
-/// one overrun, then resyncs.
-struct Sender {
-    tx: mpsc::Sender<Notification>,
-    overrun: bool,
-}
-
-impl Sender {
-    /// Whether the receiver is still there.
-    fn send(&mut self, notification: Notification) -> bool {
-        if self.overrun {
-            if self.tx.try_send(Notification::Overrun).is_ok() {
-                self.overrun = false;
-            }
-            return !self.tx.is_closed();
-        }
-        match self.tx.try_send(notification) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                warn!("kernel notifications arrive faster than they are handled");
-                self.overrun = true;
-                true
-            }
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
         }
     }
 }
