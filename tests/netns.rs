@@ -702,3 +702,82 @@ fn a_calc_process_that_disconnects_mid_snapshot_removes_nothing() {
     );
     assert!(ping(&a.pod_ns(), &cluster.node(3).pod_v4()));
 }
+
+/// Waits until the monitor has reported (now or before) a line matching
+/// each of `wanted`.
+fn await_all(monitor: &mut Monitor, wanted: &[&str]) {
+    for want in wanted {
+        if !monitor.seen.iter().any(|l| l.starts_with(want)) {
+            monitor
+                .wait_for(want, WAIT, |l| l.starts_with(want))
+                .unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
+    if !can_run("a_device_set_down_gets_the_routes_the_kernel_dropped_back") {
+        return;
+    }
+    // No periodic resync: the kernel drops the device's IPv4 routes and
+    // nexthops without a notification, and only the link's tells.
+    let flags = [
+        "--route-refresh-interval",
+        "0",
+        "--device-check-interval",
+        "1h",
+    ];
+    let cluster = running_cluster(2, &flags, false);
+    let ns = &cluster.node(1).ns;
+    let before = routes(ns, "-4");
+    let mut monitor = Monitor::start(ns, &["neigh", "nexthop"]).unwrap();
+    run_in(ns, &["ip", "link", "set", "vxlan.calico", "down"]);
+    await_all(
+        &mut monitor,
+        &[
+            "id ",
+            "10.244.2.0/26 nhid",
+            "10.244.2.0 dev vxlan.calico proto 80 scope link",
+            "10.244.2.0 dev vxlan.calico lladdr",
+        ],
+    );
+    assert_eq!(routes(ns, "-4"), before);
+    assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
+}
+
+#[test]
+fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
+    if !can_run("same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it") {
+        return;
+    }
+    let flags = [
+        "--route-refresh-interval",
+        "0",
+        "--device-check-interval",
+        "1h",
+    ];
+    let cluster = running_cluster(2, &flags, true);
+    let a = cluster.node(1);
+    // The IPv6 parent address stays on eth0 while it is down.
+    testbed::sh(&a.ns, "sysctl -q -w net.ipv6.conf.eth0.keep_addr_on_down=1").unwrap();
+    let before = [routes(&a.ns, "-4"), routes(&a.ns, "-6")];
+    let mut monitor = Monitor::start(&a.ns, &[]).unwrap();
+    run_in(&a.ns, &["ip", "link", "set", "eth0", "down"]);
+    // A batch while the parent is down: its routes wait, no error.
+    a.replay_ok(&cluster.dir, "down", &cluster.view(1, true))
+        .unwrap();
+    run_in(&a.ns, &["ip", "link", "set", "eth0", "up"]);
+    await_all(
+        &mut monitor,
+        &[
+            "10.244.2.0/26 via 192.168.10.2 dev eth0",
+            "fd00:244:0:2::/122 via fd00:10::2 dev eth0",
+        ],
+    );
+    assert_eq!([routes(&a.ns, "-4"), routes(&a.ns, "-6")], before);
+    let log = a.log_text();
+    assert!(!log.contains("kernel operation failed"), "{log}");
+    assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v4()));
+    assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v6()));
+}

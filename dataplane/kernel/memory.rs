@@ -1,6 +1,6 @@
 //! The in-memory kernel: the semantics of the parts of Linux vxmgr uses
-//! (interface indexes, routes that vanish with their device or nexthop,
-//! EEXIST/ENODEV/ENOENT), held in maps, with every operation recorded.
+//! (interface indexes, routes that vanish with their device or nexthop or
+//! when it goes down, EEXIST/ENODEV/ENETDOWN/ENOENT), held in maps, with every operation recorded.
 //! Clones share one kernel, so a test can inspect what the daemon did.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -126,6 +126,27 @@ impl MemoryBackend {
         Ok(())
     }
 
+    /// Another agent sets a link down or up, notified as Linux notifies it.
+    pub fn set_link_up(&self, index: u32, up: bool) -> Result<(), KernelError> {
+        let mut k = self.lock();
+        let gone = if up {
+            k.link_mut(index)?.up = true;
+            Vec::new()
+        } else {
+            k.set_down(index)?
+        };
+        if let Some(watcher) = &k.watcher {
+            let _ = watcher.send(Notification::Link { index, up });
+            for n in gone {
+                let _ = watcher.send(Notification::NeighborGone {
+                    ifindex: n.ifindex,
+                    address: n.address,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Starts keeping every operation in `MemoryKernel::log`.
     pub fn record_operations(&self) {
         self.lock().record = true;
@@ -180,6 +201,31 @@ impl MemoryKernel {
         self.links
             .remove(&index)
             .ok_or(KernelError::from_errno(libc::ENODEV))?;
+        self.drop_routes_through(index);
+        self.neighbors.retain(|(i, _), _| *i != index);
+        self.fdb.retain(|(i, _), _| *i != index);
+        Ok(())
+    }
+
+    /// Sets a link down, dropping what Linux drops with it: its routes
+    /// (IPv4 ones without a notification), its nexthops and the routes
+    /// through them, and its neighbours, which are returned (those are
+    /// notified). FDB entries stay.
+    pub fn set_down(&mut self, index: u32) -> Result<Vec<KernelNeighbor>, KernelError> {
+        self.link_mut(index)?.up = false;
+        self.drop_routes_through(index);
+        let gone: Vec<KernelNeighbor> = self
+            .neighbors
+            .values()
+            .filter(|n| n.ifindex == index)
+            .copied()
+            .collect();
+        self.neighbors.retain(|(i, _), _| *i != index);
+        Ok(gone)
+    }
+
+    /// Removes the routes and nexthops through a link that goes.
+    fn drop_routes_through(&mut self, index: u32) {
         let gone_nexthops: BTreeSet<u32> = self
             .nexthops
             .values()
@@ -191,9 +237,15 @@ impl MemoryKernel {
             KernelRouteVia::Nexthop(id) => !gone_nexthops.contains(&id),
             _ => r.ifindex() != Some(index),
         });
-        self.neighbors.retain(|(i, _), _| *i != index);
-        self.fdb.retain(|(i, _), _| *i != index);
-        Ok(())
+    }
+
+    /// The link a route or nexthop goes through must exist and be up.
+    fn require_up(&self, index: u32) -> Result<(), KernelError> {
+        match self.links.get(&index) {
+            None => Err(KernelError::from_errno(libc::ENODEV)),
+            Some(link) if !link.up => Err(KernelError::from_errno(libc::ENETDOWN)),
+            Some(_) => Ok(()),
+        }
     }
 
     fn apply_one(&mut self, op: &KernelOp) -> Result<(), KernelError> {
@@ -245,7 +297,7 @@ impl MemoryKernel {
                 self.link_mut(index)?.tx_checksum = Some(false);
             }
             KernelOp::ReplaceNexthop(n) => {
-                self.require_link(n.ifindex)?;
+                self.require_up(n.ifindex)?;
                 self.nexthops.insert(n.id, *n);
             }
             KernelOp::DeleteNexthop(n) => {
@@ -263,7 +315,7 @@ impl MemoryKernel {
                     _ => {}
                 }
                 if let Some(index) = r.ifindex() {
-                    self.require_link(index)?;
+                    self.require_up(index)?;
                 }
                 self.routes.insert(r.dst, *r);
             }

@@ -37,9 +37,10 @@ impl KernelError {
         }
     }
 
-    /// The interface the operation needs is missing: waited for, not retried.
+    /// The interface the operation needs is missing or down: the object
+    /// waits for it (see the reconciler), it is not retried with backoff.
     pub fn is_missing_device(&self) -> bool {
-        self.errno == Some(libc::ENODEV)
+        matches!(self.errno, Some(libc::ENODEV | libc::ENETDOWN))
     }
 }
 

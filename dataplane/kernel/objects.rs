@@ -300,7 +300,12 @@ pub enum Notification {
         ifindex: u32,
         mac: MacAddr,
     },
-    /// A link or an address changed somewhere.
+    /// A link appeared or changed; whether it is administratively up.
+    Link {
+        index: u32,
+        up: bool,
+    },
+    /// A link went, or an address changed, somewhere.
     Links,
     /// Notifications were lost (the socket overran): re-read everything.
     Overrun,

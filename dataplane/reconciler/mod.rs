@@ -73,6 +73,9 @@ pub struct Report {
     pub parent_changes: Vec<(Family, Option<ParentInterface>)>,
     /// Operations attempted.
     pub operations: u32,
+    /// Objects the kernel refused because their interface is missing or
+    /// down: they wait for it, they are not errors.
+    pub waiting: u32,
 }
 
 impl Report {
@@ -101,6 +104,8 @@ struct DeviceSlot {
     dirty: bool,
     wanted_parent_ip: Option<IpAddr>,
     parent: Option<ParentInterface>,
+    /// The parent was found administratively down: nothing goes through it.
+    parent_down: bool,
     /// The last device operation's failure, until one succeeds.
     error: Option<ObjectError>,
 }
@@ -134,7 +139,10 @@ const RTPROT_KERNEL: u8 = 2;
 
 /// Interface indexes and nexthop ids as the reconciler knows them now.
 struct Context<'a> {
+    /// Our devices that are up: nothing goes through one that is down.
     device_index: [Option<u32>; 2],
+    /// Parent interfaces that are down.
+    parents_down: [Option<u32>; 2],
     ids: &'a NexthopIds,
     /// Nexthops in the kernel; not needed to render nexthops themselves.
     programmed: Option<&'a HashMap<NexthopKey, KernelNexthop>>,
@@ -149,7 +157,17 @@ impl<'a> Context<'a> {
         use_nexthops: bool,
     ) -> Context<'a> {
         Context {
-            device_index: [0, 1].map(|i| devices[i].link.as_ref().map(|l| l.index)),
+            device_index: [0, 1].map(|i| {
+                let link = devices[i].link.as_ref().filter(|l| l.up);
+                link.map(|l| l.index)
+            }),
+            parents_down: [0, 1].map(|i| {
+                let parent = devices[i]
+                    .parent
+                    .as_ref()
+                    .filter(|_| devices[i].parent_down);
+                parent.map(|p| p.index)
+            }),
             ids,
             programmed,
             use_nexthops,
@@ -160,6 +178,10 @@ impl<'a> Context<'a> {
 impl RenderContext for Context<'_> {
     fn device_index(&self, family: Family) -> Option<u32> {
         self.device_index[family as usize]
+    }
+
+    fn interface_up(&self, index: u32) -> bool {
+        !self.parents_down.contains(&Some(index))
     }
 
     fn nexthop_id(&self, key: &NexthopKey) -> Option<u32> {
@@ -404,6 +426,11 @@ impl<B: KernelBackend> Reconciler<B> {
     /// Re-reads our devices and parent interfaces, and repairs drift.
     pub async fn check_devices(&mut self) -> Report {
         let mut report = Report::default();
+        // Objects that found their interface missing or down try again
+        // (those whose interface is still down keep waiting quietly).
+        self.tables_mut()
+            .into_iter()
+            .for_each(|t| t.release_waiting());
         for family in Family::ALL {
             self.find_parent(family, &mut report).await;
             self.refresh_link(family, &mut report).await;
@@ -457,11 +484,43 @@ impl<B: KernelBackend> Reconciler<B> {
                 }
             },
         };
+        let down = match &found {
+            Some(parent) => !self.link_up(&parent.name, report).await,
+            None => false,
+        };
         let slot = &mut self.devices[family as usize];
         if slot.parent != found {
             info!(%family, parent = ?found.as_ref().map(|p| &p.name), "parent interface changed");
             slot.parent = found.clone();
             report.parent_changes.push((family, found));
+        }
+        self.set_parent_down(family, down);
+    }
+
+    /// Whether the interface `name` is administratively up (as far as it can
+    /// be read: a failed read takes it as up and is reported).
+    async fn link_up(&mut self, name: &str, report: &mut Report) -> bool {
+        match self.backend.links(&[name.to_string()]).await {
+            Ok(links) => links.first().is_none_or(|l| l.up),
+            Err(e) => {
+                report.fail(format!("reading interface {name}"), &e);
+                true
+            }
+        }
+    }
+
+    /// While the parent is down, the kernel has dropped the routes through
+    /// it (IPv4 ones without a word) and refuses new ones: they wait, and
+    /// go back in when it is up.
+    fn set_parent_down(&mut self, family: Family, down: bool) {
+        let slot = &mut self.devices[family as usize];
+        if slot.parent_down != down {
+            let parent = slot.parent.as_ref().map(|p| &p.name);
+            info!(%family, ?parent, down, "parent interface admin state changed");
+        }
+        slot.parent_down = down;
+        if let Some(index) = slot.parent.as_ref().filter(|_| down).map(|p| p.index) {
+            self.forget_link_down(index);
         }
     }
 
@@ -476,6 +535,11 @@ impl<B: KernelBackend> Reconciler<B> {
             // Deleted behind our back: what was on it went with it.
             self.forget_device_objects(gone);
             self.mark_all_pending();
+        }
+        if let Some(down) = link.as_ref().filter(|l| !l.up) {
+            // Set down behind our back: what the kernel dropped goes back
+            // once the device is up again.
+            self.forget_link_down(down.index);
         }
         self.devices[family as usize].link = link;
     }
@@ -525,6 +589,13 @@ impl<B: KernelBackend> Reconciler<B> {
                 Some(family) => self.fdb.observe(FdbKey(family, mac), None, now),
                 None => false,
             },
+            Notification::Link { index, up } => {
+                if !up {
+                    self.link_went_down(index);
+                }
+                self.links_changed = true;
+                true
+            }
             Notification::Links => {
                 self.links_changed = true;
                 true
@@ -534,6 +605,26 @@ impl<B: KernelBackend> Reconciler<B> {
                 self.resync_due = true;
                 true
             }
+        }
+    }
+
+    /// One of our devices or a parent went down: the kernel dropped what
+    /// went through it (see `forget_link_down`). Noted at once, so that a
+    /// quick down and up is not missed by the re-read that follows.
+    fn link_went_down(&mut self, index: u32) {
+        let parent_of = Family::ALL.into_iter().find(|f| {
+            let slot = &self.devices[*f as usize];
+            slot.parent.as_ref().is_some_and(|p| p.index == index)
+        });
+        if let Some(family) = parent_of {
+            self.set_parent_down(family, true);
+        }
+        let ours = self
+            .devices
+            .iter()
+            .any(|d| d.link.as_ref().is_some_and(|l| l.index == index));
+        if ours {
+            self.forget_link_down(index);
         }
     }
 
@@ -595,6 +686,7 @@ impl<B: KernelBackend> Reconciler<B> {
     /// order: devices, then what routes lean on (nexthops, neighbours, FDB),
     /// routes, the ipsets; deletes last, in reverse.
     async fn pass(&mut self, report: &mut Report) {
+        let waiting = report.waiting;
         for family in Family::ALL {
             if self.devices[family as usize].dirty {
                 self.reconcile_device(family, report).await;
@@ -650,6 +742,14 @@ impl<B: KernelBackend> Reconciler<B> {
         let fdb = self.fdb.plan_deletes(self.sweep);
         execute(&mut self.backend, &mut self.neighbors, neighbors, report).await;
         execute(&mut self.backend, &mut self.fdb, fdb, report).await;
+        if report.waiting > waiting {
+            // An interface went missing or down since it was last read:
+            // read them again, so that what goes through it waits.
+            for family in Family::ALL {
+                self.find_parent(family, report).await;
+                self.refresh_link(family, report).await;
+            }
+        }
     }
 
     /// Gives the wanted nexthops that have none an id, adopting matching
@@ -887,6 +987,14 @@ impl<B: KernelBackend> Reconciler<B> {
     /// The kernel drops a device's routes, nexthops, neighbours and FDB
     /// entries with it.
     fn forget_device_objects(&mut self, index: u32) {
+        self.forget_link_down(index);
+        self.fdb.forget_actual(|e| e.ifindex == index);
+    }
+
+    /// The kernel drops the routes, nexthops and neighbours of a link that
+    /// goes down (IPv4 routes and nexthops without a notification); FDB
+    /// entries stay. The ones wanted are programmed again once it is up.
+    fn forget_link_down(&mut self, index: u32) {
         let gone: HashSet<u32> = self
             .nexthops
             .actual
@@ -900,7 +1008,6 @@ impl<B: KernelBackend> Reconciler<B> {
                 || matches!(r.via, KernelRouteVia::Nexthop(id) if gone.contains(&id))
         });
         self.neighbors.forget_actual(|n| n.ifindex == index);
-        self.fdb.forget_actual(|e| e.ifindex == index);
     }
 }
 
@@ -944,6 +1051,7 @@ fn record<D: Programmable>(
                     removed.push(p.key.clone());
                 }
             }
+            Err(e) if e.is_missing_device() && p.after.is_some() => report.waiting += 1,
             Err(e) => report.fail(table.describe(&p), e),
         }
         table.record(p, result, now);

@@ -32,7 +32,7 @@ impl Programmable for Route {
             RouteTarget::Connected { .. } => KernelRouteVia::Link(ctx.device_index(family)?),
             RouteTarget::Direct { gateway, interface } => KernelRouteVia::Gateway {
                 gateway: *gateway,
-                ifindex: interface.index,
+                ifindex: Some(interface.index).filter(|i| ctx.interface_up(*i))?,
             },
             RouteTarget::Blackhole => KernelRouteVia::Blackhole,
         };

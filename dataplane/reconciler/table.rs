@@ -11,12 +11,15 @@ use crate::desired::{Change, Desired, NexthopKey};
 use crate::kernel::KernelError;
 use crate::kernel::objects::KernelOp;
 use crate::model::Family;
-use tracing::warn;
+use tracing::{debug, info, warn};
 
 /// Interface indexes and nexthop ids a desired object needs to be rendered
 /// into its kernel form.
 pub trait RenderContext {
+    /// The family's device, while it exists and is up.
     fn device_index(&self, family: Family) -> Option<u32>;
+    /// Whether nothing says the interface is down.
+    fn interface_up(&self, index: u32) -> bool;
     /// The id assigned to a node's nexthop.
     fn nexthop_id(&self, key: &NexthopKey) -> Option<u32>;
     /// The id of a node's nexthop once it is in the kernel.
@@ -135,6 +138,9 @@ pub struct Table<D: Programmable> {
     /// Keys nothing wants that may still be in the kernel.
     stale: HashSet<D::Key>,
     failed: HashMap<D::Key, Failure>,
+    /// Keys the kernel refused because their interface is missing or
+    /// down: not retried with backoff, but when the links are checked.
+    waiting: HashSet<D::Key>,
     contests: HashMap<D::Key, Contest>,
 }
 
@@ -146,6 +152,7 @@ impl<D: Programmable> Default for Table<D> {
             pending: HashSet::default(),
             stale: HashSet::default(),
             failed: HashMap::default(),
+            waiting: HashSet::default(),
             contests: HashMap::default(),
         }
     }
@@ -162,6 +169,7 @@ impl<D: Programmable> Table<D> {
             None => {
                 self.desired.remove(&change.key);
                 self.pending.remove(&change.key);
+                self.waiting.remove(&change.key);
                 self.stale.insert(change.key);
             }
         }
@@ -171,6 +179,7 @@ impl<D: Programmable> Table<D> {
     pub fn clear_desired(&mut self) {
         self.desired.clear();
         self.failed.clear();
+        self.waiting.clear();
         self.pending.clear();
         self.stale.clear();
     }
@@ -329,6 +338,11 @@ impl<D: Programmable> Table<D> {
         self.failed.values().map(|f| f.retry_at).min()
     }
 
+    /// Objects waiting for their interface are tried again.
+    pub fn release_waiting(&mut self) {
+        self.pending.extend(self.waiting.iter().cloned());
+    }
+
     pub fn failures(&self) -> impl Iterator<Item = &Failure> {
         self.failed.values()
     }
@@ -398,6 +412,9 @@ impl<D: Programmable> Table<D> {
         if !self.failed.is_empty() {
             self.failed.remove(key);
         }
+        if !self.waiting.is_empty() {
+            self.waiting.remove(key);
+        }
     }
 
     /// "adding route 10.0.1.0/26 via ...", for errors and logs.
@@ -418,6 +435,15 @@ impl<D: Programmable> Table<D> {
                     Some(k) => self.actual.insert(planned.key, k),
                     None => self.actual.remove(&planned.key),
                 };
+            }
+            Err(error) if error.is_missing_device() && planned.after.is_some() => {
+                let what = self.describe(&planned);
+                self.failed.remove(&planned.key);
+                if self.waiting.insert(planned.key) {
+                    info!(object = %what, %error, "waiting for its interface");
+                } else {
+                    debug!(object = %what, %error, "still waiting for its interface");
+                }
             }
             Err(error) => {
                 let attempts = self.failed.get(&planned.key).map_or(0, |f| f.attempts) + 1;
@@ -446,6 +472,7 @@ pub trait AnyTable {
     fn mark_all_pending(&mut self);
     fn retry_due(&mut self, now: Instant);
     fn next_retry(&self) -> Option<Instant>;
+    fn release_waiting(&mut self);
     fn failures(&self) -> Vec<&Failure>;
     fn contested(&self, now: Instant) -> Vec<Contested>;
     fn expire_contests(&mut self, now: Instant);
@@ -470,6 +497,10 @@ impl<D: Programmable> AnyTable for Table<D> {
 
     fn next_retry(&self) -> Option<Instant> {
         Table::next_retry(self)
+    }
+
+    fn release_waiting(&mut self) {
+        Table::release_waiting(self)
     }
 
     fn failures(&self) -> Vec<&Failure> {

@@ -513,3 +513,129 @@ async fn an_overrun_resyncs() {
     let report = rig.reconciler.repair(Instant::now()).await.unwrap();
     assert_eq!(report.added, 1, "{report:?}");
 }
+
+fn device_index(rig: &Rig) -> u32 {
+    rig.kernel
+        .lock()
+        .link_by_name("vxlan.calico")
+        .expect("device")
+        .index
+}
+
+/// Routes, nexthops, neighbours and FDB entries in the memory kernel.
+fn census(rig: &Rig) -> [usize; 4] {
+    let k = rig.kernel.lock();
+    [
+        k.routes.len(),
+        k.nexthops.len(),
+        k.neighbors.len(),
+        k.fdb.len(),
+    ]
+}
+
+#[tokio::test]
+async fn a_device_set_down_gets_what_the_kernel_dropped_back_from_the_notification() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let converged = census(&rig);
+    let mut rx = rig.reconciler.watch().unwrap();
+    let index = device_index(&rig);
+    // Down and up again before vxmgr looks: only the notification tells.
+    rig.kernel.set_link_up(index, false).unwrap();
+    rig.kernel.set_link_up(index, true).unwrap();
+    assert_eq!(
+        census(&rig),
+        [1, 0, 0, 2],
+        "only the blackhole and FDB stay"
+    );
+    assert!(notice_all(&mut rig, &mut rx));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert_eq!(census(&rig), converged);
+}
+
+#[tokio::test]
+async fn a_device_found_down_by_the_check_is_set_up_with_everything_on_it() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let converged = census(&rig);
+    let index = device_index(&rig);
+    rig.kernel.lock().set_down(index).unwrap();
+    let report = rig.reconciler.check_devices().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert!(rig.kernel.lock().links[&index].up);
+    assert_eq!(census(&rig), converged);
+}
+
+const SAME_SUBNET: &[&str] = &[
+    r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#,
+    r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
+    r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/26", "dstNodeName": "node-b", "dstNodeIp": "192.168.10.2", "sameSubnet": true}}"#,
+    r#"{"inSync": {}}"#,
+];
+
+fn direct_route(rig: &Rig) -> Option<KernelRoute> {
+    rig.kernel
+        .lock()
+        .routes
+        .get(&"10.244.1.0/26".parse().unwrap())
+        .copied()
+}
+
+#[tokio::test]
+async fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+    rig.kernel.record_operations();
+    rig.send(SAME_SUBNET);
+    assert!(rig.apply().await.errors.is_empty());
+    let route = direct_route(&rig).expect("the same-subnet route");
+    let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
+    assert_eq!(route.ifindex(), Some(eth0));
+
+    let mut rx = rig.reconciler.watch().unwrap();
+    rig.kernel.set_link_up(eth0, false).unwrap();
+    assert_eq!(direct_route(&rig), None, "the kernel dropped it");
+    assert!(notice_all(&mut rig, &mut rx));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    // The parent stays down: the route waits, nothing is tried or retried.
+    let tried = rig.log_len();
+    for _ in 0..3 {
+        let report = rig.reconciler.check_devices().await;
+        assert!(report.errors.is_empty(), "no error storm: {report:?}");
+    }
+    assert_eq!(rig.reconciler.next_retry(), None);
+    assert!(rig.reconciler.failing().is_empty());
+    let routes_tried = rig.kernel.lock().log[tried..]
+        .iter()
+        .filter(|op| matches!(op, KernelOp::ReplaceRoute(_)))
+        .count();
+    assert_eq!(routes_tried, 0, "nothing goes to a down interface");
+
+    rig.kernel.set_link_up(eth0, true).unwrap();
+    assert!(notice_all(&mut rig, &mut rx));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
+    assert_eq!(direct_route(&rig), Some(route));
+}
+
+#[tokio::test]
+async fn a_route_refused_for_a_down_interface_waits_for_it_without_retries() {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+    let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
+    // The parent is found up, then goes down before the route is added.
+    rig.kernel.inject_fault(
+        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.ifindex() == Some(eth0)),
+        libc::ENETDOWN,
+    );
+    rig.send(SAME_SUBNET);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "waiting is no error: {report:?}");
+    assert_eq!(report.waiting, 1, "{report:?}");
+    assert_eq!(rig.reconciler.next_retry(), None, "no backoff retries");
+    assert!(rig.reconciler.failing().is_empty());
+
+    // The links are checked again (as on the interface's notification).
+    rig.kernel.clear_faults();
+    let report = rig.reconciler.check_devices().await;
+    assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
+    assert!(direct_route(&rig).is_some());
+}

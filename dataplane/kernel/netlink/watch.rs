@@ -107,8 +107,19 @@ fn notification(message: Message<'_>) -> Option<Notification> {
         RTM_DELROUTE => Notification::RouteGone(parse_route(message.payload)?),
         RTM_NEWNEIGH => neighbour(&Entry::parse(message.payload)?, false)?,
         RTM_DELNEIGH => neighbour(&Entry::parse(message.payload)?, true)?,
-        RTM_NEWLINK | RTM_DELLINK | RTM_NEWADDR | RTM_DELADDR => Notification::Links,
+        RTM_NEWLINK => link(message.payload)?,
+        RTM_DELLINK | RTM_NEWADDR | RTM_DELADDR => Notification::Links,
         _ => return None,
+    })
+}
+
+/// A link's index and admin state, from the struct ifinfomsg that starts
+/// the message (family, pad, type, index, flags, change).
+fn link(payload: &[u8]) -> Option<Notification> {
+    let field = |at: usize| Some(u32::from_ne_bytes(*payload.get(at..at + 4)?.first_chunk()?));
+    Some(Notification::Link {
+        index: field(4)?,
+        up: field(8)? & libc::IFF_UP as u32 != 0,
     })
 }
 
@@ -131,4 +142,51 @@ fn neighbour(entry: &Entry, deleted: bool) -> Option<Notification> {
         ifindex: entry.ifindex,
         address: entry.address?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::raw::build::message;
+    use super::*;
+
+    /// struct ifinfomsg: family, pad, type, index, flags, change.
+    fn ifinfomsg(index: u32, flags: u32) -> Vec<u8> {
+        let mut payload = vec![0u8; 4];
+        payload.extend(index.to_ne_bytes());
+        payload.extend(flags.to_ne_bytes());
+        payload.extend(0u32.to_ne_bytes());
+        payload
+    }
+
+    fn parsed(datagram: &[u8]) -> Vec<Notification> {
+        raw::messages(datagram)
+            .map_while(Result::ok)
+            .filter_map(notification)
+            .collect()
+    }
+
+    #[test]
+    fn a_new_link_message_says_its_index_and_admin_state() {
+        let up = libc::IFF_UP as u32 | libc::IFF_BROADCAST as u32;
+        let mut datagram = message(RTM_NEWLINK, 0, 0, &ifinfomsg(7, up));
+        datagram.extend(message(RTM_NEWLINK, 0, 0, &ifinfomsg(8, 0)));
+        datagram.extend(message(RTM_DELLINK, 0, 0, &ifinfomsg(9, 0)));
+        assert_eq!(
+            parsed(&datagram),
+            [
+                Notification::Link { index: 7, up: true },
+                Notification::Link {
+                    index: 8,
+                    up: false
+                },
+                Notification::Links,
+            ]
+        );
+    }
+
+    #[test]
+    fn a_short_link_message_is_skipped() {
+        let datagram = message(RTM_NEWLINK, 0, 0, &[0; 8]);
+        assert_eq!(parsed(&datagram), []);
+    }
 }
