@@ -781,3 +781,48 @@ fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
     assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v4()));
     assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v6()));
 }
+
+/// The `Type:` and `Header:` lines of `ipset list`.
+fn ipset_header(ns: &str, set: &str) -> Vec<String> {
+    run_in(ns, &["ipset", "list", "-terse", set])
+        .lines()
+        .filter(|l| l.starts_with("Type:") || l.starts_with("Header:"))
+        .map(|l| l.split(" hashsize").next().unwrap_or(l).to_string())
+        .collect()
+}
+
+#[test]
+fn ipsets_of_another_type_or_family_are_replaced_whole() {
+    if !can_run("ipsets_of_another_type_or_family_are_replaced_whole") {
+        return;
+    }
+    let mut cluster = cluster(2);
+    let ns = cluster.node(1).ns.clone();
+    for command in [
+        "ipset create cali40all-vxlan-net hash:ip",
+        "ipset add cali40all-vxlan-net 10.9.9.9",
+        "ipset create cali60all-vxlan-net hash:net family inet",
+        "ipset add cali60all-vxlan-net 10.9.9.0/24",
+    ] {
+        testbed::sh(&ns, command).unwrap();
+    }
+    cluster.start_all(&[], false).unwrap();
+    assert_eq!(
+        ipset_header(&ns, "cali40all-vxlan-net"),
+        ["Type: hash:net", "Header: family inet"]
+    );
+    assert_eq!(
+        ipset_members(&ns, "cali40all-vxlan-net"),
+        set(&["192.168.10.2"])
+    );
+    assert_eq!(
+        ipset_header(&ns, "cali60all-vxlan-net"),
+        ["Type: hash:net", "Header: family inet6"]
+    );
+    assert_eq!(
+        ipset_members(&ns, "cali60all-vxlan-net"),
+        set(&["fd00:10::2"])
+    );
+    let log = cluster.node(1).log_text();
+    assert!(!log.contains("kernel operation failed"), "{log}");
+}

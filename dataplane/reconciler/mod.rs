@@ -845,7 +845,12 @@ impl<B: KernelBackend> Reconciler<B> {
                     debug!(change = %what, "kernel");
                     self.ipsets_present.insert(name.to_string());
                 }
-                Err(e) => report.fail(what, e),
+                Err(e) => {
+                    report.fail(what, e);
+                    // The set may be of another type or family now: the
+                    // retry replaces it whole.
+                    self.ipsets_present.remove(name);
+                }
             }
             for p in mine {
                 if result.is_ok() {

@@ -13,6 +13,7 @@ use super::{MAX_IN_FLIGHT, NetlinkBackend, ipset_restore};
 use crate::kernel::KernelError;
 use crate::kernel::objects::IpsetChange;
 use crate::model::Family;
+use tracing::info;
 
 /// The type of vxmgr's sets: members are addresses and prefixes.
 pub(super) const SET_TYPE: &str = "hash:net";
@@ -46,7 +47,10 @@ impl NetlinkBackend {
     ) -> Result<(), KernelError> {
         match change {
             IpsetChange::Update { add, del } => self.update_ipset(name, family, add, del).await,
-            IpsetChange::Replace { members } => ipset_restore::replace(name, family, members).await,
+            IpsetChange::Replace { members } => {
+                let existing = self.existing_set(name, family).await?;
+                ipset_restore::replace(name, family, members, existing).await
+            }
         }
     }
 
@@ -169,14 +173,25 @@ impl NetlinkBackend {
         }
     }
 
-    /// Members of each of these sets that exists.
+    /// Whether the set exists, and if so whether as vxmgr makes it.
+    async fn existing_set(&self, name: &str, family: Family) -> Result<ExistingSet, KernelError> {
+        match self.ipsets.request(IpsetMessage::header(name), 0).await {
+            Ok(answers) => Ok(existing(name, &answers, family)),
+            Err(e) if is_missing_set(&e) => Ok(ExistingSet::Missing),
+            Err(e) => Err(context(&format!("reading the header of ipset {name}"), e)),
+        }
+    }
+
+    /// Members of each of these sets that exists as vxmgr makes them. A
+    /// set of another type or family is left out: it is replaced whole.
     pub(super) async fn dump_ipsets(
         &self,
         sets: &[(String, Family)],
     ) -> Result<Vec<(String, Vec<IpNetwork>)>, KernelError> {
         let mut found = Vec::new();
-        for (name, _) in sets {
+        for (name, family) in sets {
             match self.ipsets.dump(IpsetMessage::list(name)).await {
+                Ok(answers) if existing(name, &answers, *family) == ExistingSet::Other => {}
                 Ok(answers) => found.push((
                     name.clone(),
                     answers
@@ -189,6 +204,31 @@ impl NetlinkBackend {
             }
         }
         Ok(found)
+    }
+}
+
+/// What a set of vxmgr's name is in the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ExistingSet {
+    Missing,
+    /// Of vxmgr's type and family.
+    Ours,
+    /// Of another type or family: it cannot take vxmgr's members, nor be
+    /// swapped with a set of vxmgr's.
+    Other,
+}
+
+/// What the header in a list or header answer says of the set.
+fn existing(name: &str, answers: &[IpsetMessage], family: Family) -> ExistingSet {
+    match answers.iter().find_map(|a| a.is_set_of(SET_TYPE, family)) {
+        Some(false) => {
+            info!(
+                set = name,
+                "ipset has another type or family than {SET_TYPE} {family}: replacing it"
+            );
+            ExistingSet::Other
+        }
+        _ => ExistingSet::Ours,
     }
 }
 

@@ -1,6 +1,6 @@
 //! ipset's netlink messages (NETLINK_NETFILTER, subsystem NFNL_SUBSYS_IPSET):
 //! netlink-packet-* has none, so the commands vxmgr sends (type, create, add,
-//! del, list) and the attributes it reads back are defined here, after the
+//! del, list, header) and the attributes it reads back are defined here, after the
 //! kernel's include/uapi/linux/netfilter/ipset/ip_set.h.
 
 use std::net::IpAddr;
@@ -21,6 +21,7 @@ const IPSET_CMD_CREATE: u8 = 2;
 const IPSET_CMD_LIST: u8 = 7;
 const IPSET_CMD_ADD: u8 = 9;
 const IPSET_CMD_DEL: u8 = 10;
+const IPSET_CMD_HEADER: u8 = 12;
 const IPSET_CMD_TYPE: u8 = 13;
 
 // Attributes of a message.
@@ -83,6 +84,8 @@ pub enum IpsetCommand {
     Add,
     Del,
     List,
+    /// A set's type, family and creation parameters, without its members.
+    Header,
 }
 
 /// One ipset request or answer.
@@ -183,6 +186,29 @@ impl IpsetMessage {
             IpsetCommand::List,
             vec![IpsetAttribute::SetName(name.to_string())],
         )
+    }
+
+    /// `ipset -terse list NAME`: the set's header only.
+    pub fn header(name: &str) -> IpsetMessage {
+        IpsetMessage::new(
+            IpsetCommand::Header,
+            vec![IpsetAttribute::SetName(name.to_string())],
+        )
+    }
+
+    /// Whether the set a list or header answer describes is of `set_type`
+    /// and `family`; `None` for a message without the set's header.
+    pub fn is_set_of(&self, set_type: &str, family: Family) -> Option<bool> {
+        let mut found_type = None;
+        let mut found_family = None;
+        for attribute in &self.attributes {
+            match attribute {
+                IpsetAttribute::TypeName(t) => found_type = Some(t.as_str()),
+                IpsetAttribute::Family(f) => found_family = Some(*f),
+                _ => {}
+            }
+        }
+        Some(found_type? == set_type && found_family? == family_number(family))
     }
 
     /// The revision in a type answer.
@@ -417,6 +443,7 @@ impl NetlinkSerializable for IpsetMessage {
             IpsetCommand::Add => IPSET_CMD_ADD,
             IpsetCommand::Del => IPSET_CMD_DEL,
             IpsetCommand::List => IPSET_CMD_LIST,
+            IpsetCommand::Header => IPSET_CMD_HEADER,
         };
         NFNL_SUBSYS_IPSET << 8 | u16::from(command)
     }
@@ -443,6 +470,7 @@ impl NetlinkDeserializable for IpsetMessage {
             (NFNL_SUBSYS_IPSET, IPSET_CMD_ADD) => IpsetCommand::Add,
             (NFNL_SUBSYS_IPSET, IPSET_CMD_DEL) => IpsetCommand::Del,
             (NFNL_SUBSYS_IPSET, IPSET_CMD_LIST) => IpsetCommand::List,
+            (NFNL_SUBSYS_IPSET, IPSET_CMD_HEADER) => IpsetCommand::Header,
             _ => {
                 return Err(
                     format!("not an ipset message: type {:#06x}", header.message_type).into(),
@@ -583,6 +611,34 @@ mod tests {
                 net("2001:db8::/64")
             ]
         );
+    }
+
+    #[test]
+    fn tells_a_set_of_another_type_or_family() {
+        let answer = |set_type: &str, family: u8| {
+            let mut answer = IpsetMessage::header("s");
+            answer.attributes.extend([
+                IpsetAttribute::TypeName(set_type.into()),
+                IpsetAttribute::Revision(6),
+                IpsetAttribute::Family(family),
+            ]);
+            round_trip(&answer)
+        };
+        let (inet, inet6) = (libc::AF_INET as u8, libc::AF_INET6 as u8);
+        assert_eq!(
+            answer("hash:net", inet).is_set_of("hash:net", Family::V4),
+            Some(true)
+        );
+        assert_eq!(
+            answer("hash:ip", inet).is_set_of("hash:net", Family::V4),
+            Some(false)
+        );
+        assert_eq!(
+            answer("hash:net", inet6).is_set_of("hash:net", Family::V4),
+            Some(false)
+        );
+        let members_only = IpsetMessage::members(IpsetCommand::Add, "s", &[net("10.0.0.1/32")]);
+        assert_eq!(members_only.is_set_of("hash:net", Family::V4), None);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use ipnetwork::IpNetwork;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use super::ipset::{MAX_ELEMENTS, SET_TYPE};
+use super::ipset::{ExistingSet, MAX_ELEMENTS, SET_TYPE};
 use crate::kernel::KernelError;
 use crate::model::Family;
 
@@ -23,8 +23,9 @@ pub(super) async fn replace(
     name: &str,
     family: Family,
     members: &[IpNetwork],
+    existing: ExistingSet,
 ) -> Result<(), KernelError> {
-    let output = restore(replace_script(name, family, members))
+    let output = restore(replace_script(name, family, members, existing))
         .await
         .map_err(|e| {
             if e.kind() == io::ErrorKind::NotFound {
@@ -81,7 +82,15 @@ fn temporary_name(name: &str) -> String {
     format!("{stem}{SUFFIX}")
 }
 
-fn replace_script(name: &str, family: Family, members: &[IpNetwork]) -> String {
+/// A set of another type or family cannot be swapped with the temporary
+/// one: it is destroyed and the temporary set renamed in its place (the
+/// kernel refuses to destroy a set that a rule still uses).
+fn replace_script(
+    name: &str,
+    family: Family,
+    members: &[IpNetwork],
+    existing: ExistingSet,
+) -> String {
     let temporary = temporary_name(name);
     let mut lines = vec![
         create_command(&temporary, family),
@@ -93,9 +102,14 @@ fn replace_script(name: &str, family: Family, members: &[IpNetwork]) -> String {
             .iter()
             .map(|m| format!("add {temporary} {m} -exist")),
     );
-    lines.push(create_command(name, family));
-    lines.push(format!("swap {temporary} {name}"));
-    lines.push(format!("destroy {temporary}"));
+    if existing == ExistingSet::Other {
+        lines.push(format!("destroy {name}"));
+        lines.push(format!("rename {temporary} {name}"));
+    } else {
+        lines.push(create_command(name, family));
+        lines.push(format!("swap {temporary} {name}"));
+        lines.push(format!("destroy {temporary}"));
+    }
     lines.iter().map(|l| format!("{l}\n")).collect()
 }
 
@@ -113,7 +127,8 @@ mod tests {
             replace_script(
                 "cali60all-vxlan-net",
                 Family::V6,
-                &nets(&["fd00::2/128", "fd01::/64"])
+                &nets(&["fd00::2/128", "fd01::/64"]),
+                ExistingSet::Ours,
             ),
             "create cali60all-vxlan-net-tmp hash:net family inet6 maxelem 1048576 -exist\n\
              flush cali60all-vxlan-net-tmp\n\
@@ -122,6 +137,23 @@ mod tests {
              create cali60all-vxlan-net hash:net family inet6 maxelem 1048576 -exist\n\
              swap cali60all-vxlan-net-tmp cali60all-vxlan-net\n\
              destroy cali60all-vxlan-net-tmp\n"
+        );
+    }
+
+    #[test]
+    fn a_set_of_another_kind_is_destroyed_and_the_temporary_one_renamed() {
+        assert_eq!(
+            replace_script(
+                "cali40all-vxlan-net",
+                Family::V4,
+                &nets(&["10.0.0.2/32"]),
+                ExistingSet::Other,
+            ),
+            "create cali40all-vxlan-net-tmp hash:net family inet maxelem 1048576 -exist\n\
+             flush cali40all-vxlan-net-tmp\n\
+             add cali40all-vxlan-net-tmp 10.0.0.2/32 -exist\n\
+             destroy cali40all-vxlan-net\n\
+             rename cali40all-vxlan-net-tmp cali40all-vxlan-net\n"
         );
     }
 
