@@ -288,8 +288,12 @@ fn a_reconnect_with_a_smaller_world_sweeps_exactly_the_stale_objects() {
     let cluster = running_cluster(3, &[], false);
     let a = cluster.node(1);
     let mut monitor = Monitor::start(&a.ns, &["neigh"]).unwrap();
-    a.replay_ok(&cluster.dir, "smaller", &cluster.view_of(1, &[1, 2], false))
+    let output = a
+        .replay_ok(&cluster.dir, "smaller", &cluster.view_of(1, &[1, 2], false))
         .unwrap();
+    // Node-3's, per family: its block and tunnel address routes, nexthop,
+    // neighbour, FDB entry and ipset member.
+    assert_eq!(objects(&output), [0, 0, 12], "added, changed, removed");
     monitor.sync().unwrap();
     // The kernel's own neighbour traffic on other links is not vxmgr's.
     let ours: Vec<&String> = monitor
@@ -353,10 +357,11 @@ fn a_restarted_daemon_deletes_and_re_adds_nothing() {
     assert!(status.success(), "SIGTERM stops cleanly: {status}");
     cluster.node_mut(1).start_daemon(&[]).unwrap();
     let view = cluster.view(1, false);
-    cluster
+    let output = cluster
         .node(1)
         .replay_ok(&cluster.dir, "again", &view)
         .unwrap();
+    assert_eq!(objects(&output), [0, 0, 0], "added, changed, removed");
     monitor.sync().unwrap();
     // The kernel's own neighbour traffic on other links is not vxmgr's.
     let ours: Vec<&String> = monitor
@@ -825,4 +830,16 @@ fn ipsets_of_another_type_or_family_are_replaced_whole() {
     );
     let log = cluster.node(1).log_text();
     assert!(!log.contains("kernel operation failed"), "{log}");
+}
+
+/// Objects added, changed and removed, over every BatchStatus calc-stub
+/// printed.
+fn objects(output: &std::process::Output) -> [u64; 3] {
+    let mut sums = [0; 3];
+    for status in support::statuses(output) {
+        for (sum, field) in sums.iter_mut().zip(["added", "changed", "removed"]) {
+            *sum += status["objects"][field].as_u64().unwrap_or(0);
+        }
+    }
+    sums
 }
