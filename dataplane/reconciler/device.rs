@@ -95,3 +95,133 @@ fn is_link_local(ip: IpAddr) -> bool {
         IpAddr::V4(_) => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::desired::ParentInterface;
+    use crate::kernel::objects::VxlanAttrs;
+    use crate::model::Family;
+
+    fn desired() -> VxlanDevice {
+        VxlanDevice {
+            family: Family::V4,
+            vni: 4096,
+            port: 4789,
+            parent: ParentInterface {
+                name: Arc::from("eth0"),
+                index: 2,
+                mtu: 1500,
+            },
+            local_ip: "192.168.10.1".parse().unwrap(),
+            mac: "66:aa:00:00:00:01".parse().unwrap(),
+            mtu: 1450,
+            address: "10.244.0.0/32".parse().unwrap(),
+        }
+    }
+
+    /// The link as vxmgr makes it for `desired()`.
+    fn matching() -> Link {
+        Link {
+            index: 7,
+            name: "vxlan.calico".into(),
+            mtu: 1450,
+            mac: Some("66:aa:00:00:00:01".parse().unwrap()),
+            up: true,
+            vxlan: Some(VxlanAttrs {
+                vni: 4096,
+                port: 4789,
+                parent_index: Some(2),
+                local: Some("192.168.10.1".parse().unwrap()),
+                learning: false,
+            }),
+            addresses: vec!["10.244.0.0/32".parse().unwrap()],
+            tx_checksum: Some(false),
+        }
+    }
+
+    /// A change to a link, and the reason it gives to recreate the device.
+    type Case = (fn(&mut Link), &'static str);
+
+    fn vxlan(link: &mut Link) -> &mut VxlanAttrs {
+        link.vxlan.as_mut().unwrap()
+    }
+
+    #[test]
+    fn a_matching_link_needs_nothing() {
+        assert_eq!(recreate_reason(&desired(), &matching()), None);
+        assert_eq!(fixups(&desired(), &matching(), true), []);
+    }
+
+    #[test]
+    fn what_the_kernel_cannot_change_in_place_recreates_the_device() {
+        let cases: [Case; 8] = [
+            (|l| l.vxlan = None, "it is not a VXLAN device"),
+            (|l| vxlan(l).vni = 5000, "its VNI is 5000, want 4096"),
+            (|l| vxlan(l).port = 8472, "its port is 8472, want 4789"),
+            (
+                |l| vxlan(l).parent_index = Some(3),
+                "its parent is ifindex 3, want ifindex 2",
+            ),
+            (
+                |l| vxlan(l).parent_index = None,
+                "its parent is unset, want ifindex 2",
+            ),
+            (
+                |l| vxlan(l).local = Some("192.168.10.9".parse().unwrap()),
+                "its source address is 192.168.10.9, want 192.168.10.1",
+            ),
+            (
+                |l| l.mac = Some("66:aa:00:00:00:09".parse().unwrap()),
+                "its MAC is 66:aa:00:00:00:09, want 66:aa:00:00:00:01",
+            ),
+            (|l| vxlan(l).learning = true, "learning is on"),
+        ];
+        for (change, reason) in cases {
+            let mut link = matching();
+            change(&mut link);
+            assert_eq!(
+                recreate_reason(&desired(), &link).as_deref(),
+                Some(reason),
+                "{link:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn mtu_addresses_admin_state_and_checksum_are_fixed_in_place() {
+        let mut link = matching();
+        link.mtu = 9000;
+        link.addresses = vec![
+            "10.9.9.9/24".parse().unwrap(),
+            "fe80::1/64".parse().unwrap(),
+        ];
+        link.up = false;
+        link.tx_checksum = Some(true);
+        assert_eq!(recreate_reason(&desired(), &link), None);
+        assert_eq!(
+            fixups(&desired(), &link, true),
+            [
+                KernelOp::SetMtu {
+                    index: 7,
+                    mtu: 1450
+                },
+                KernelOp::DeleteAddress {
+                    index: 7,
+                    address: "10.9.9.9/24".parse().unwrap()
+                },
+                KernelOp::AddAddress {
+                    index: 7,
+                    address: "10.244.0.0/32".parse().unwrap()
+                },
+                KernelOp::DisableTxChecksum {
+                    name: "vxlan.calico".into()
+                },
+                KernelOp::SetUp { index: 7 },
+            ],
+            "the IPv6 link-local address is kept"
+        );
+    }
+}
