@@ -123,19 +123,25 @@ fn exact_kernel_state_for_a_felix_scenario() {
     assert_eq!(info["local"], "192.168.10.1");
     assert_eq!(info["link"], "eth0");
     assert_eq!(info["learning"], false);
-    let addrs: Vec<String> = ip_json(ns, &["addr", "show", "dev", "vxlan.calico"])[0]["addr_info"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|a| a["scope"] != "link")
-        .map(|a| format!("{}/{}", a["local"].as_str().unwrap(), a["prefixlen"]))
+    let global: Vec<String> = addresses(ns, "vxlan.calico")
+        .into_iter()
+        .filter(|a| !a.ends_with(" link"))
         .collect();
-    assert_eq!(addrs, ["10.244.1.0/32"]);
+    assert_eq!(global, ["10.244.1.0/32 global"]);
 
     let dev6 = link(ns, "vxlan-v6.calico");
     assert_eq!(dev6["address"], "66:bb:00:00:00:01");
     assert_eq!(dev6["mtu"], 1430);
     assert_eq!(dev6["linkinfo"]["info_data"]["local6"], "fd00:10::1");
+    let addrs6 = addresses(ns, "vxlan-v6.calico");
+    assert_eq!(addrs6.len(), 2, "{addrs6:?}");
+    assert!(addrs6.contains(&"fd00:244:0:1::/128 global".to_string()));
+    assert!(
+        addrs6
+            .iter()
+            .any(|a| a.starts_with("fe80:") && a.ends_with("/64 link")),
+        "the link-local address is kept: {addrs6:?}"
+    );
 
     assert_eq!(
         routes(ns, "-4"),
@@ -178,49 +184,32 @@ fn exact_kernel_state_for_a_felix_scenario() {
             "fd00:244:0:3:: vxlan-v6.calico",
         ])
     );
-    let neighbors: BTreeSet<String> = ip_json(ns, &["neigh", "show", "dev", "vxlan.calico"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| {
-            let state = n["state"].as_array().unwrap();
-            assert!(state.iter().any(|s| s == "PERMANENT"), "{n}");
-            format!(
-                "{} {}",
-                n["dst"].as_str().unwrap(),
-                n["lladdr"].as_str().unwrap()
-            )
-        })
-        .collect();
     assert_eq!(
-        neighbors,
+        permanent_neighbors(ns, "vxlan.calico"),
         set(&[
             "10.244.2.0 66:aa:00:00:00:02",
             "10.244.3.0 66:aa:00:00:00:03"
         ])
     );
-    let fdb: BTreeSet<String> = serde_json::from_str::<Value>(&run_in(
-        ns,
-        &["bridge", "-j", "fdb", "show", "dev", "vxlan.calico"],
-    ))
-    .unwrap()
-    .as_array()
-    .unwrap()
-    .iter()
-    .filter(|e| e["state"] == "permanent" && !e["dst"].is_null())
-    .map(|e| {
-        format!(
-            "{} {}",
-            e["mac"].as_str().unwrap(),
-            e["dst"].as_str().unwrap()
-        )
-    })
-    .collect();
     assert_eq!(
-        fdb,
+        permanent_neighbors(ns, "vxlan-v6.calico"),
+        set(&[
+            "fd00:244:0:2:: 66:bb:00:00:00:02",
+            "fd00:244:0:3:: 66:bb:00:00:00:03"
+        ])
+    );
+    assert_eq!(
+        permanent_fdb(ns, "vxlan.calico"),
         set(&[
             "66:aa:00:00:00:02 192.168.10.2",
             "66:aa:00:00:00:03 192.168.10.3"
+        ])
+    );
+    assert_eq!(
+        permanent_fdb(ns, "vxlan-v6.calico"),
+        set(&[
+            "66:bb:00:00:00:02 fd00:10::2",
+            "66:bb:00:00:00:03 fd00:10::3"
         ])
     );
     assert_eq!(
@@ -842,4 +831,57 @@ fn objects(output: &std::process::Output) -> [u64; 3] {
         }
     }
     sums
+}
+
+/// A device's addresses as `address/prefix scope`.
+fn addresses(ns: &str, dev: &str) -> Vec<String> {
+    ip_json(ns, &["addr", "show", "dev", dev])[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            format!(
+                "{}/{} {}",
+                a["local"].as_str().unwrap(),
+                a["prefixlen"],
+                a["scope"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// A device's neighbour entries as `address lladdr`; every one permanent.
+fn permanent_neighbors(ns: &str, dev: &str) -> BTreeSet<String> {
+    ip_json(ns, &["neigh", "show", "dev", dev])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            let state = n["state"].as_array().unwrap();
+            assert!(state.iter().any(|s| s == "PERMANENT"), "{n}");
+            format!(
+                "{} {}",
+                n["dst"].as_str().unwrap(),
+                n["lladdr"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+/// A device's permanent FDB entries with a destination, as `mac dst`.
+fn permanent_fdb(ns: &str, dev: &str) -> BTreeSet<String> {
+    serde_json::from_str::<Value>(&run_in(ns, &["bridge", "-j", "fdb", "show", "dev", dev]))
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["state"] == "permanent" && !e["dst"].is_null())
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["mac"].as_str().unwrap(),
+                e["dst"].as_str().unwrap()
+            )
+        })
+        .collect()
 }
