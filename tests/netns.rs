@@ -724,7 +724,8 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
     ];
     let cluster = running_cluster(2, &flags, false);
     let ns = &cluster.node(1).ns;
-    let before = routes(ns, "-4");
+    let before = [routes(ns, "-4"), routes(ns, "-6")];
+    let (pod, remote) = (cluster.node(1).pod_ns(), cluster.node(2));
     let mut monitor = Monitor::start(ns, &["neigh", "nexthop"]).unwrap();
     run_in(ns, &["ip", "link", "set", "vxlan.calico", "down"]);
     await_all(
@@ -736,8 +737,28 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
             "10.244.2.0 dev vxlan.calico lladdr",
         ],
     );
-    assert_eq!(routes(ns, "-4"), before);
-    assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
+    assert_eq!(routes(ns, "-4"), before[0]);
+    assert!(ping(&pod, &remote.pod_v4()));
+
+    // IPv6 routes and the device's address go with a notification each.
+    monitor.seen.clear();
+    run_in(ns, &["ip", "link", "set", "vxlan-v6.calico", "down"]);
+    await_all(
+        &mut monitor,
+        &[
+            "id ",
+            "fd00:244:0:2::/122 nhid",
+            "fd00:244:0:2:: dev vxlan-v6.calico proto 80",
+            "fd00:244:0:2:: dev vxlan-v6.calico lladdr",
+        ],
+    );
+    assert_eq!(routes(ns, "-6"), before[1]);
+    let addrs = addresses(ns, "vxlan-v6.calico");
+    assert!(
+        addrs.contains(&"fd00:244:0:1::/128 global".to_string()),
+        "{addrs:?}"
+    );
+    assert!(ping(&pod, &remote.pod_v6()));
 }
 
 #[test]
