@@ -714,8 +714,8 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
     if !can_run("a_device_set_down_gets_the_routes_the_kernel_dropped_back") {
         return;
     }
-    // No periodic resync: the kernel drops the device's IPv4 routes and
-    // nexthops without a notification, and only the link's tells.
+    // No periodic resync, no device check: the kernel drops the device's
+    // IPv4 routes and nexthops without a notification.
     let flags = [
         "--route-refresh-interval",
         "0",
@@ -727,7 +727,14 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
     let before = [routes(ns, "-4"), routes(ns, "-6")];
     let (pod, remote) = (cluster.node(1).pod_ns(), cluster.node(2));
     let mut monitor = Monitor::start(ns, &["neigh", "nexthop"]).unwrap();
-    run_in(ns, &["ip", "link", "set", "vxlan.calico", "down"]);
+    // Down and up again at once: only the link's notification tells.
+    let flap = cluster.dir.join("flap.batch");
+    std::fs::write(
+        &flap,
+        "link set vxlan.calico down\nlink set vxlan.calico up\n",
+    )
+    .unwrap();
+    run_in(ns, &["ip", "-batch", &flap.to_string_lossy()]);
     await_all(
         &mut monitor,
         &[

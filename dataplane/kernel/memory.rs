@@ -136,7 +136,11 @@ impl MemoryBackend {
             k.set_down(index)?
         };
         if let Some(watcher) = &k.watcher {
-            let _ = watcher.send(Notification::Link { index, up });
+            let _ = watcher.send(if up {
+                Notification::Links
+            } else {
+                Notification::LinkDown { index }
+            });
             for n in gone {
                 let _ = watcher.send(Notification::NeighborGone {
                     ifindex: n.ifindex,

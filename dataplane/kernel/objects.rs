@@ -300,12 +300,11 @@ pub enum Notification {
         ifindex: u32,
         mac: MacAddr,
     },
-    /// A link appeared or changed; whether it is administratively up.
-    Link {
+    /// A link was set administratively down.
+    LinkDown {
         index: u32,
-        up: bool,
     },
-    /// A link went, or an address changed, somewhere.
+    /// A link appeared, changed or went, or an address changed, somewhere.
     Links,
     /// Notifications were lost (the socket overran): re-read everything.
     Overrun,

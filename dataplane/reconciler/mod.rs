@@ -589,10 +589,8 @@ impl<B: KernelBackend> Reconciler<B> {
                 Some(family) => self.fdb.observe(FdbKey(family, mac), None, now),
                 None => false,
             },
-            Notification::Link { index, up } => {
-                if !up {
-                    self.link_went_down(index);
-                }
+            Notification::LinkDown { index } => {
+                self.link_went_down(index);
                 self.links_changed = true;
                 true
             }

@@ -113,14 +113,21 @@ fn notification(message: Message<'_>) -> Option<Notification> {
     })
 }
 
-/// A link's index and admin state, from the struct ifinfomsg that starts
-/// the message (family, pad, type, index, flags, change).
+/// A link set down, or another link change, from the struct ifinfomsg
+/// that starts the message (family, pad, type, index, flags, change).
+/// Only a change of IFF_UP to down counts: a new link (all flags changed)
+/// starts down too, and vxmgr's own new devices must not look downed.
 fn link(payload: &[u8]) -> Option<Notification> {
     let field = |at: usize| Some(u32::from_ne_bytes(*payload.get(at..at + 4)?.first_chunk()?));
-    Some(Notification::Link {
-        index: field(4)?,
-        up: field(8)? & libc::IFF_UP as u32 != 0,
-    })
+    let (index, flags, change) = (field(4)?, field(8)?, field(12)?);
+    let up = libc::IFF_UP as u32;
+    Some(
+        if flags & up == 0 && change & up != 0 && change != u32::MAX {
+            Notification::LinkDown { index }
+        } else {
+            Notification::Links
+        },
+    )
 }
 
 /// An entry that stops being permanent is gone as far as vxmgr is concerned.
@@ -150,11 +157,11 @@ mod tests {
     use super::*;
 
     /// struct ifinfomsg: family, pad, type, index, flags, change.
-    fn ifinfomsg(index: u32, flags: u32) -> Vec<u8> {
+    fn ifinfomsg(index: u32, flags: u32, change: u32) -> Vec<u8> {
         let mut payload = vec![0u8; 4];
         payload.extend(index.to_ne_bytes());
         payload.extend(flags.to_ne_bytes());
-        payload.extend(0u32.to_ne_bytes());
+        payload.extend(change.to_ne_bytes());
         payload
     }
 
@@ -166,22 +173,24 @@ mod tests {
     }
 
     #[test]
-    fn a_new_link_message_says_its_index_and_admin_state() {
-        let up = libc::IFF_UP as u32 | libc::IFF_BROADCAST as u32;
-        let mut datagram = message(RTM_NEWLINK, 0, 0, &ifinfomsg(7, up));
-        datagram.extend(message(RTM_NEWLINK, 0, 0, &ifinfomsg(8, 0)));
-        datagram.extend(message(RTM_DELLINK, 0, 0, &ifinfomsg(9, 0)));
-        assert_eq!(
-            parsed(&datagram),
-            [
-                Notification::Link { index: 7, up: true },
-                Notification::Link {
-                    index: 8,
-                    up: false
-                },
-                Notification::Links,
-            ]
-        );
+    fn only_a_link_set_down_is_told_apart() {
+        let (up, broadcast) = (libc::IFF_UP as u32, libc::IFF_BROADCAST as u32);
+        let messages = [
+            // `ip link set down`, then up.
+            (RTM_NEWLINK, ifinfomsg(7, broadcast, up)),
+            (RTM_NEWLINK, ifinfomsg(7, broadcast | up, up)),
+            // A new link, down; another change of a down link; a deletion.
+            (RTM_NEWLINK, ifinfomsg(8, broadcast, u32::MAX)),
+            (RTM_NEWLINK, ifinfomsg(8, broadcast, 0)),
+            (RTM_DELLINK, ifinfomsg(9, 0, u32::MAX)),
+        ];
+        let datagram: Vec<u8> = messages
+            .iter()
+            .flat_map(|(kind, payload)| message(*kind, 0, 0, payload))
+            .collect();
+        let mut expected = vec![Notification::Links; 5];
+        expected[0] = Notification::LinkDown { index: 7 };
+        assert_eq!(parsed(&datagram), expected);
     }
 
     #[test]
