@@ -13,6 +13,14 @@ use vxmgr::testbed::{self, Cluster, Monitor};
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// No periodic resync, no device check: only notifications can repair.
+const NOTIFICATIONS_ONLY: [&str; 4] = [
+    "--route-refresh-interval",
+    "0",
+    "--device-check-interval",
+    "1h",
+];
+
 /// A cluster of `n` nodes, each running vxmgrd with `flags` and fed its view.
 fn running_cluster(n: u8, flags: &[&str], same_subnet: bool) -> Cluster {
     let mut cluster = cluster(n);
@@ -458,14 +466,7 @@ fn changes_by_others_are_repaired_from_kernel_notifications() {
     if !can_run("changes_by_others_are_repaired_from_kernel_notifications") {
         return;
     }
-    // No periodic resync, no device check: only notifications can repair.
-    let flags = [
-        "--route-refresh-interval",
-        "0",
-        "--device-check-interval",
-        "1h",
-    ];
-    let cluster = running_cluster(2, &flags, false);
+    let cluster = running_cluster(2, &NOTIFICATIONS_ONLY, false);
     let ns = &cluster.node(1).ns;
     let mut monitor = Monitor::start(ns, &["neigh", "link"]).unwrap();
     let route_back = |l: &str| l.starts_with("10.244.2.0/26") && l.contains("proto 80");
@@ -714,15 +715,9 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
     if !can_run("a_device_set_down_gets_the_routes_the_kernel_dropped_back") {
         return;
     }
-    // No periodic resync, no device check: the kernel drops the device's
-    // IPv4 routes and nexthops without a notification.
-    let flags = [
-        "--route-refresh-interval",
-        "0",
-        "--device-check-interval",
-        "1h",
-    ];
-    let cluster = running_cluster(2, &flags, false);
+    // The kernel drops the device's IPv4 routes and nexthops without a
+    // notification.
+    let cluster = running_cluster(2, &NOTIFICATIONS_ONLY, false);
     let ns = &cluster.node(1).ns;
     let before = [routes(ns, "-4"), routes(ns, "-6")];
     let (pod, remote) = (cluster.node(1).pod_ns(), cluster.node(2));
@@ -773,13 +768,7 @@ fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
     if !can_run("same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it") {
         return;
     }
-    let flags = [
-        "--route-refresh-interval",
-        "0",
-        "--device-check-interval",
-        "1h",
-    ];
-    let cluster = running_cluster(2, &flags, true);
+    let cluster = running_cluster(2, &NOTIFICATIONS_ONLY, true);
     let a = cluster.node(1);
     // The IPv6 parent address stays on eth0 while it is down.
     testbed::sh(&a.ns, "sysctl -q -w net.ipv6.conf.eth0.keep_addr_on_down=1").unwrap();
