@@ -639,3 +639,47 @@ async fn a_route_refused_for_a_down_interface_waits_for_it_without_retries() {
     assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
     assert!(direct_route(&rig).is_some());
 }
+
+#[tokio::test]
+async fn a_failed_ipset_update_is_retried_as_a_full_replace() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    // The set is no longer one that takes our members (another agent
+    // recreated it as another type, say).
+    rig.kernel.inject_fault(
+        |op| {
+            matches!(
+                op,
+                KernelOp::Ipset {
+                    change: IpsetChange::Update { .. },
+                    ..
+                }
+            )
+        },
+        libc::EINVAL,
+    );
+    rig.send(&[
+        r#"{"vtepUpdate": {"node": "node-d", "mac": "66:aa:00:00:00:04", "ipv4Addr": "10.244.3.0", "parentDeviceIp": "192.168.10.4"}}"#,
+    ]);
+    let report = rig.apply().await;
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    let retry_at = rig.reconciler.next_retry().expect("a retry");
+    let tried = rig.log_len();
+    let report = rig.reconciler.retry(retry_at).await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    let k = rig.kernel.lock();
+    let ipset_ops: Vec<&KernelOp> = k.log[tried..]
+        .iter()
+        .filter(|op| matches!(op, KernelOp::Ipset { .. }))
+        .collect();
+    assert!(
+        matches!(
+            ipset_ops[..],
+            [KernelOp::Ipset {
+                change: IpsetChange::Replace { .. },
+                ..
+            }]
+        ),
+        "{ipset_ops:?}"
+    );
+    assert_eq!(k.ipsets["cali40all-vxlan-net"].len(), 3);
+}
