@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use vxmgr::wire::felix::ToDataplane;
-use vxmgr::wire::vxmgr::v1::{GetStateRequest, sync_response::Payload};
+use vxmgr::wire::vxmgr::v1::{BatchResult, GetStateRequest, sync_response::Payload};
 use vxmgr::wire::{json, replay};
 
 fn two_nodes() -> Vec<ToDataplane> {
@@ -211,6 +211,78 @@ fn bad_flags_are_refused_with_their_value() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains(value) && err.contains(flag), "{err}");
     }
+}
+
+// Multi-threaded: the end of the stream has to reach the daemon while this
+// test waits for the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
+    // The batch window never closes by itself: only the end of the stream
+    // closes it, so all four messages are one batch.
+    let daemon = Daemon::start(&[
+        "--kernel",
+        "memory",
+        "--hostname",
+        "node-a",
+        "--batch-interval",
+        "1h",
+    ]);
+    let mut stream = Stream::open(&daemon).await;
+    let lines = [
+        r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
+        r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/26", "dstNodeName": "node-b"}}"#,
+        r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/33", "dstNodeName": "node-b"}}"#,
+        r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.64/26", "dstNodeName": "node-b"}}"#,
+    ];
+    let messages = lines
+        .iter()
+        .enumerate()
+        .map(|(i, line)| ToDataplane {
+            sequence_number: i as u64 + 1,
+            ..json::from_str(line).expect("test JSON")
+        })
+        .collect();
+    stream.send(messages).await;
+    let Stream { tx, mut responses } = stream;
+    drop(tx);
+    let status = loop {
+        let response = tokio::time::timeout(Duration::from_secs(30), responses.next())
+            .await
+            .expect("a status within 30 s")
+            .expect("a status before the stream ends")
+            .expect("response");
+        if let Some(Payload::BatchStatus(s)) = response.payload {
+            break s;
+        }
+    };
+    assert_eq!(
+        (
+            status.first_sequence,
+            status.last_sequence,
+            status.message_count
+        ),
+        (1, 4, 4),
+        "one batch: {status:?}"
+    );
+    assert_eq!(status.result, BatchResult::Partial as i32, "{status:?}");
+    assert_eq!(status.rejected.len(), 1, "{status:?}");
+    assert_eq!(status.rejected[0].sequence_number, 3);
+    assert!(
+        status.rejected[0].reason.contains("\"10.244.1.0/33\""),
+        "{}",
+        status.rejected[0].reason
+    );
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let v4 = state.ipv4.unwrap();
+    let routes: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
+    assert_eq!(routes, ["10.244.1.0/26", "10.244.1.64/26"]);
+    assert_eq!(v4.remote_vteps.len(), 1);
 }
 
 #[tokio::test]
