@@ -150,13 +150,7 @@ impl Daemon {
 
     /// `calc-stub replay --socket <ours> <args>`.
     pub fn replay(&self, args: &[&str]) -> Output {
-        Command::new(CALC_STUB)
-            .arg("replay")
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("calc-stub runs")
+        calc_stub_replay(&self.socket, args)
     }
 }
 
@@ -174,6 +168,17 @@ fn signal(pid: i32, signal: i32) {
     unsafe {
         libc::kill(pid, signal);
     }
+}
+
+/// `calc-stub replay --socket <socket> <args>`.
+pub fn calc_stub_replay(socket: &Path, args: &[&str]) -> Output {
+    Command::new(CALC_STUB)
+        .arg("replay")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("calc-stub runs")
 }
 
 /// Writes `lines` as a .jsonl replay file in `dir`.
