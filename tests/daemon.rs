@@ -202,6 +202,9 @@ fn bad_flags_are_refused_with_their_value() {
         ("--vxlan-port", "0"),
         ("--vxlan-mtu-v6", "1000"),
         ("--external-nodes-cidr", "10.0.0.0/33"),
+        ("--route-protocol", "256"),
+        ("--vxlan-mtu", "67"),
+        ("--route-refresh-interval", "soon"),
     ] {
         let out = Command::new(VXMGRD)
             .args(["--kernel", "memory", flag, value])
@@ -283,6 +286,35 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
     let routes: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
     assert_eq!(routes, ["10.244.1.0/26", "10.244.1.64/26"]);
     assert_eq!(v4.remote_vteps.len(), 1);
+}
+
+#[tokio::test]
+async fn a_flag_beats_the_environment_and_both_beat_the_calc_config() {
+    let daemon = Daemon::memory_with_env(&["--vxlan-vni", "77"], &[("VXMGR_VXLAN_PORT", "9000")]);
+    let mut stream = Stream::open(&daemon).await;
+    let mut messages = two_nodes();
+    messages[0] = ToDataplane {
+        sequence_number: 1,
+        ..json::from_str(
+            r#"{"configUpdate": {"config": {"VXLANVNI": "5000", "VXLANPort": "4790", "VXLANMTU": "1300"}}}"#,
+        )
+        .unwrap()
+    };
+    stream.send(messages).await;
+    stream.batch_covering(7).await;
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let device = state.ipv4.unwrap().device.expect("the device is up");
+    assert_eq!(
+        (device.vni, device.port, device.mtu),
+        (77, 9000, 1300),
+        "VNI from the flag, port from the environment, MTU from the calc"
+    );
 }
 
 #[tokio::test]

@@ -47,6 +47,11 @@ impl Daemon {
     /// Starts `vxmgrd --kernel memory --hostname node-a` with a fast batch
     /// tick and `extra` arguments, and waits until it serves.
     pub fn memory(extra: &[&str]) -> Daemon {
+        Daemon::memory_with_env(extra, &[])
+    }
+
+    /// [`Daemon::memory`] with these variables in vxmgrd's environment.
+    pub fn memory_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut args = vec![
             "--kernel",
             "memory",
@@ -56,7 +61,9 @@ impl Daemon {
             "5ms",
         ];
         args.extend_from_slice(extra);
-        Daemon::start(&args)
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("vxmgr.sock");
+        Daemon::spawn(dir, socket, &args, env)
     }
 
     pub fn start(args: &[&str]) -> Daemon {
@@ -66,10 +73,15 @@ impl Daemon {
     }
 
     pub fn start_on(dir: TempDir, socket: PathBuf, args: &[&str]) -> Daemon {
+        Daemon::spawn(dir, socket, args, &[])
+    }
+
+    fn spawn(dir: TempDir, socket: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut child = Command::new(VXMGRD)
             .arg("--socket")
             .arg(&socket)
             .args(args)
+            .envs(env.iter().copied())
             .env("VXMGR_LOG", "info,vxmgr=debug")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
