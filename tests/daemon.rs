@@ -184,6 +184,31 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
     assert!(!socket.exists(), "the socket is removed on exit");
 }
 
+#[tokio::test]
+async fn the_socket_directory_is_created_and_holds_only_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/nested/vxmgr/dataplane.sock");
+    let daemon = Daemon::start_on(
+        tempfile::tempdir().unwrap(),
+        socket.clone(),
+        &["--kernel", "memory", "--hostname", "node-a"],
+    );
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let entries: Vec<_> = std::fs::read_dir(socket.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, ["dataplane.sock"], "nothing left from binding");
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .expect("served on the socket's final path");
+    assert_eq!(state.into_inner().hostname, "node-a");
+}
+
 #[test]
 fn a_socket_group_opens_the_socket_to_that_group() {
     let group = nix::unistd::Group::from_gid(nix::unistd::getgid())
