@@ -342,6 +342,14 @@ async fn a_flag_beats_the_environment_and_both_beat_the_calc_config() {
     );
 }
 
+#[test]
+fn the_route_refresh_flag_takes_a_duration_or_bare_seconds() {
+    for value in ["2m", "90s", "45", "0"] {
+        // Starting fails the test if vxmgrd refuses the value.
+        Daemon::memory(&["--route-refresh-interval", value]).terminate();
+    }
+}
+
 #[tokio::test]
 async fn get_state_reads_well_as_json() {
     let daemon = Daemon::memory(&[]);
