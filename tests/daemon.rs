@@ -255,7 +255,7 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
         "--batch-interval",
         "1h",
     ]);
-    let mut stream = Stream::open(&daemon).await;
+    let stream = Stream::open(&daemon).await;
     let lines = [
         r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
         r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/26", "dstNodeName": "node-b"}}"#,

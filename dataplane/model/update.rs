@@ -396,11 +396,8 @@ mod tests {
             parent_device_ipv6: "fd01::1".into(),
         };
         assert!(parse(Payload::VtepUpdate(good.clone())).is_ok());
-        let cases: [(
-            fn(&mut felix::VxlanTunnelEndpointUpdate) -> &mut String,
-            &str,
-            &str,
-        ); 8] = [
+        type Field = fn(&mut felix::VxlanTunnelEndpointUpdate) -> &mut String;
+        let cases: [(Field, &str, &str); 8] = [
             (|v| &mut v.ipv4_addr, "0.0.0.0", "unspecified"),
             (|v| &mut v.parent_device_ip, "224.0.0.1", "multicast"),
             (|v| &mut v.ipv4_addr, "127.0.0.1", "loopback"),
