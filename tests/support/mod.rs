@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -206,6 +206,12 @@ pub fn statuses(output: &Output) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).expect("calc-stub prints JSON lines"))
         .collect()
+}
+
+/// Writes to stderr past the test harness's output capture (which takes
+/// `eprintln!`), so that a skipped test is seen.
+pub fn say(message: &str) {
+    let _ = writeln!(std::io::stderr(), "{message}");
 }
 
 pub fn stderr(output: &Output) -> String {
