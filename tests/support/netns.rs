@@ -27,13 +27,17 @@ pub fn can_run(test: &str) -> bool {
     false
 }
 
-/// A cluster of `n` nodes; `VXMGR_KEEP_NETNS=1` leaves it in place.
-pub fn cluster(n: u8) -> Cluster {
-    let binaries = Binaries {
+/// This build's binaries, for the testbed.
+pub fn binaries() -> Binaries {
+    Binaries {
         vxmgrd: VXMGRD.into(),
         calc_stub: CALC_STUB.into(),
-    };
-    let mut cluster = Cluster::new("vxt", n, &binaries).expect("build the cluster");
+    }
+}
+
+/// A cluster of `n` nodes; `VXMGR_KEEP_NETNS=1` leaves it in place.
+pub fn cluster(n: u8) -> Cluster {
+    let mut cluster = Cluster::new("vxt", n, &binaries()).expect("build the cluster");
     if std::env::var_os("VXMGR_KEEP_NETNS").is_some_and(|v| v == "1") {
         say(&format!(
             "VXMGR_KEEP_NETNS=1: keeping namespaces {}* and {}",
