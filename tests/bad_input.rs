@@ -298,13 +298,7 @@ async fn every_bad_message_is_rejected_by_value_and_its_neighbours_apply() {
         "only the bad ones: {rejected:#?}"
     );
 
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .expect("the daemon is alive")
-        .into_inner();
+    let state = daemon.state().await;
     let v4 = state.ipv4.unwrap();
     let programmed: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
     for dst in &good_routes {
@@ -390,13 +384,8 @@ async fn junk_on_the_socket_drops_that_connection_only() {
         broken_h2,
     ] {
         send_junk(&daemon, &junk);
-        let state = daemon
-            .client()
-            .await
-            .get_state(GetStateRequest {})
-            .await
-            .expect("still serving");
-        assert_eq!(state.into_inner().hostname, "node-a");
+        // Still serving.
+        assert_eq!(daemon.state().await.hostname, "node-a");
     }
 }
 

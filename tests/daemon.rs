@@ -53,13 +53,7 @@ async fn the_slot_frees_when_the_stream_ends_and_state_stays() {
     first.batch_covering(7).await;
     drop(first);
     daemon.wait_for_log("calc stream ended", 1);
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let state = daemon.state().await;
     let v4 = state.ipv4.unwrap();
     assert_eq!(v4.tunnel_routes.len(), 1, "intent stays");
     assert_eq!(v4.blackhole_routes, ["10.244.0.0/26"]);
@@ -151,6 +145,18 @@ async fn record_writes_a_file_that_replays_the_same() {
     }
 }
 
+/// A memory-kernel daemon serving on `socket`, which must be 0600.
+fn private_daemon_on(socket: &Path) -> Daemon {
+    let daemon = Daemon::start_on(
+        tempfile::tempdir().unwrap(),
+        socket.to_path_buf(),
+        &["--kernel", "memory", "--hostname", "node-a"],
+    );
+    let mode = std::fs::metadata(socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    daemon
+}
+
 #[test]
 fn the_socket_is_private_and_a_stale_one_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
@@ -158,13 +164,7 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
     std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
     // A socket file nobody serves: what a crashed daemon leaves.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let daemon = Daemon::start_on(
-        tempfile::tempdir().unwrap(),
-        socket.clone(),
-        &["--kernel", "memory", "--hostname", "node-a"],
-    );
-    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o600);
+    let daemon = private_daemon_on(&socket);
 
     let second = Command::new(VXMGRD)
         .arg("--socket")
@@ -188,25 +188,14 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
 async fn the_socket_directory_is_created_and_holds_only_the_socket() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("run/nested/vxmgr/dataplane.sock");
-    let daemon = Daemon::start_on(
-        tempfile::tempdir().unwrap(),
-        socket.clone(),
-        &["--kernel", "memory", "--hostname", "node-a"],
-    );
-    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o600);
+    let daemon = private_daemon_on(&socket);
     let entries: Vec<_> = std::fs::read_dir(socket.parent().unwrap())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert_eq!(entries, ["dataplane.sock"], "nothing left from binding");
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .expect("served on the socket's final path");
-    assert_eq!(state.into_inner().hostname, "node-a");
+    // Served on the socket's final path.
+    assert_eq!(daemon.state().await.hostname, "node-a");
 }
 
 #[test]
@@ -300,13 +289,7 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
         "{}",
         status.rejected[0].reason
     );
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let state = daemon.state().await;
     let v4 = state.ipv4.unwrap();
     let routes: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
     assert_eq!(routes, ["10.244.1.0/26", "10.244.1.64/26"]);
@@ -327,13 +310,7 @@ async fn a_flag_beats_the_environment_and_both_beat_the_calc_config() {
     };
     stream.send(messages).await;
     stream.batch_covering(7).await;
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let state = daemon.state().await;
     let device = state.ipv4.unwrap().device.expect("the device is up");
     assert_eq!(
         (device.vni, device.port, device.mtu),
@@ -356,13 +333,7 @@ async fn get_state_reads_well_as_json() {
     let mut stream = Stream::open(&daemon).await;
     stream.send(two_nodes()).await;
     stream.batch_covering(7).await;
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let state = daemon.state().await;
     let v = json::to_value(&state);
     assert_eq!(v["ipv4"]["device"]["mac"], "66:aa:00:00:00:01");
     assert_eq!(v["ipv4"]["fdbEntries"][0]["destination"], "192.168.10.2");
@@ -414,13 +385,8 @@ async fn only_allowed_uids_get_in() {
     refusing.wait_for_log("refused a connection from a uid not allowed", 1);
 
     let allowing = Daemon::memory(&["--allow-uid", &format!("{stranger},{me}")]);
-    let state = allowing
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .expect("an allowed uid gets in");
-    assert_eq!(state.into_inner().hostname, "node-a");
+    // An allowed uid gets in.
+    assert_eq!(allowing.state().await.hostname, "node-a");
 }
 
 /// Inodes of the TCP sockets in LISTEN state, from /proc/net/tcp{,6}.

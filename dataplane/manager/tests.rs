@@ -702,6 +702,24 @@ fn a_mac_claimed_by_another_node_is_rejected_as_a_whole() {
     assert_eq!(m.family(Family::V6).snapshot().remote_vteps.len(), 1);
 }
 
+/// Sends VTEP updates that must each be rejected naming `what` and the
+/// node holding the address, with nothing of them applied.
+fn assert_claims_rejected(
+    m: &mut Manager,
+    holder: &str,
+    claims: Vec<(VxlanTunnelEndpointUpdate, &str)>,
+) {
+    for (claim, what) in claims {
+        let err = send(m, Payload::VtepUpdate(claim)).unwrap_err();
+        assert!(err.0.contains(what), "{err}");
+        assert!(err.0.contains(&format!("of node \"{holder}\"")), "{err}");
+        assert!(
+            m.complete_deferred_work().is_empty(),
+            "nothing of it applied"
+        );
+    }
+}
+
 #[test]
 fn a_remote_vtep_claiming_the_local_vteps_addresses_is_rejected() {
     let mut m = node_a();
@@ -709,18 +727,11 @@ fn a_remote_vtep_claiming_the_local_vteps_addresses_is_rejected() {
     mac_thief.mac = "66:aa:00:00:00:01".into();
     let mut ip_thief = vtep("node-b", 2);
     ip_thief.ipv6_addr = "fd00:244:0:0::".into();
-    for (thief, what) in [
+    let claims = vec![
         (mac_thief, "IPv4 mac"),
         (ip_thief, "tunnel address fd00:244::"),
-    ] {
-        let err = send(&mut m, Payload::VtepUpdate(thief)).unwrap_err();
-        assert!(err.0.contains(what), "{err}");
-        assert!(err.0.contains("of node \"node-a\""), "{err}");
-        assert!(
-            m.complete_deferred_work().is_empty(),
-            "nothing of it applied"
-        );
-    }
+    ];
+    assert_claims_rejected(&mut m, "node-a", claims);
     assert!(m.family(Family::V4).snapshot().remote_vteps.is_empty());
 }
 
@@ -733,18 +744,11 @@ fn the_local_vtep_claiming_a_remotes_addresses_is_rejected_and_the_device_kept()
     mac_clash.mac_v6 = "66:bb:00:00:00:02".into();
     let mut ip_clash = vtep("node-a", 1);
     ip_clash.ipv4_addr = "10.244.1.0".into();
-    for (clash, what) in [
+    let claims = vec![
         (mac_clash, "IPv6 mac 66:bb:00:00:00:02"),
         (ip_clash, "tunnel address 10.244.1.0"),
-    ] {
-        let err = send(&mut m, Payload::VtepUpdate(clash)).unwrap_err();
-        assert!(err.0.contains(what), "{err}");
-        assert!(err.0.contains("of node \"node-b\""), "{err}");
-        assert!(
-            m.complete_deferred_work().is_empty(),
-            "nothing of it applied"
-        );
-    }
+    ];
+    assert_claims_rejected(&mut m, "node-b", claims);
     let v4 = m.family(Family::V4).snapshot();
     assert_eq!(v4.device.unwrap().address.to_string(), "10.244.0.0/32");
     assert_eq!(v4.remote_vteps.len(), 1, "node-b keeps its VTEP");

@@ -14,7 +14,9 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use vxmgr::wire::felix::ToDataplane;
-use vxmgr::wire::vxmgr::v1::{SyncResponse, sync_response::Payload};
+use vxmgr::wire::vxmgr::v1::{
+    DataplaneState, GetStateRequest, SyncResponse, sync_response::Payload,
+};
 
 pub const VXMGRD: &str = env!("CARGO_BIN_EXE_vxmgrd");
 pub const CALC_STUB: &str = env!("CARGO_BIN_EXE_calc-stub");
@@ -158,6 +160,16 @@ impl Daemon {
         vxmgr::client::dataplane(&self.socket)
             .await
             .expect("connect to vxmgrd")
+    }
+
+    /// GetState, from a fresh client.
+    pub async fn state(&self) -> DataplaneState {
+        self.client()
+            .await
+            .get_state(GetStateRequest {})
+            .await
+            .expect("GetState answered")
+            .into_inner()
     }
 
     /// `calc-stub replay --socket <ours> <args>`.
