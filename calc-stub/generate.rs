@@ -52,6 +52,18 @@ pub fn run(args: GenerateArgs) -> Result<bool, StubError> {
                 .into(),
         ));
     }
+    let local_exists = args
+        .local_node
+        .strip_prefix("node-")
+        .and_then(|i| i.parse::<u32>().ok())
+        .is_some_and(|i| i < args.nodes && node_name(i) == args.local_node);
+    if !local_exists {
+        return Err(StubError::Other(format!(
+            "--local-node {:?} is not one of the generated nodes (node-0 to node-{})",
+            args.local_node,
+            args.nodes - 1
+        )));
+    }
     let write = |out: &mut dyn Write, format| -> io::Result<()> {
         let mut w = ReplayWriter::new(out, format);
         for msg in cluster(&args) {

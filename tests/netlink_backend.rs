@@ -2,10 +2,11 @@
 //! network namespace with a veth pair as underlay. Needs root: without it
 //! the tests are skipped, or fail when VXMGR_REQUIRE_NETNS=1.
 
+mod support;
+
 use std::collections::HashSet;
 use std::fs::File;
 use std::future::Future;
-use std::io::Write;
 use std::net::IpAddr;
 use std::process::Command;
 use std::sync::Arc;
@@ -26,6 +27,9 @@ use vxmgr::kernel::objects::{
 use vxmgr::kernel::{KernelBackend, KernelError};
 use vxmgr::model::{Family, MacAddr};
 use vxmgr::reconciler::{ApplyRequest, NexthopMode, Reconciler, ReconcilerOptions};
+
+use support::netns::{can_run, required};
+use support::say;
 
 const PROTOCOL: u8 = 80;
 const UNDERLAY_V4: &str = "192.0.2.1";
@@ -49,15 +53,6 @@ struct Probe {
 
 static NEXT_NETNS: AtomicU32 = AtomicU32::new(0);
 
-/// Writes past the test harness's output capture, so a skip is seen.
-fn say(message: &str) {
-    let _ = writeln!(std::io::stderr(), "{message}");
-}
-
-fn required() -> bool {
-    std::env::var("VXMGR_REQUIRE_NETNS").as_deref() == Ok("1")
-}
-
 /// Whether the `ipset` command is there (`apt-get install ipset`); a test
 /// that needs it is skipped without it, or fails when VXMGR_REQUIRE_NETNS=1.
 fn has_ipset(test: &str) -> bool {
@@ -78,14 +73,7 @@ impl Netns {
     /// holding 192.0.2.1/24 and 2001:db8::1/64), or `None` when the test
     /// must be skipped.
     fn for_test(test: &str) -> Option<Netns> {
-        if !nix::unistd::geteuid().is_root() {
-            if required() {
-                panic!("{test}: network namespace tests need root (VXMGR_REQUIRE_NETNS=1)");
-            }
-            say(&format!(
-                "SKIPPED {test}: network namespace tests need root \
-                 (set VXMGR_REQUIRE_NETNS=1 to make this a failure)"
-            ));
+        if !can_run(test) {
             return None;
         }
         let name = format!(

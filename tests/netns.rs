@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::netns::{can_run, cluster};
+use support::netns::{binaries, can_run, cluster};
 use vxmgr::testbed::{self, Cluster, Monitor};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -901,4 +901,29 @@ fn permanent_fdb(ns: &str, dev: &str) -> BTreeSet<String> {
             )
         })
         .collect()
+}
+
+#[test]
+fn a_node_failing_half_way_leaves_no_namespace_behind() {
+    let test = "a_node_failing_half_way_leaves_no_namespace_behind";
+    if !can_run(test) {
+        return;
+    }
+    // Link names have at most 15 characters: with this tag the node's
+    // underlay link is refused after its namespace was created.
+    let tag = "vxhalfbuilt-overlong";
+    let Err(error) = Cluster::new(tag, 1, &binaries()) else {
+        panic!("a cluster with over-long link names was built");
+    };
+    assert!(error.to_string().contains("ip link add eth0"), "{error}");
+    let list = std::process::Command::new("ip")
+        .args(["netns", "list"])
+        .output()
+        .expect("ip netns list");
+    let left: Vec<String> = String::from_utf8_lossy(&list.stdout)
+        .lines()
+        .filter(|l| l.starts_with(tag))
+        .map(String::from)
+        .collect();
+    assert!(left.is_empty(), "namespaces left behind: {left:?}");
 }

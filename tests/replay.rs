@@ -4,12 +4,16 @@
 //! it (`NAME.batches.jsonl`, `NAME.state.json`).
 //!
 //! `VXMGR_REGENERATE=1 cargo test --test replay` rewrites the goldens.
+//! Also calc-stub's own failures (exit 2) and `calc-stub generate`.
 
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
-use support::{Daemon, statuses, stderr};
+use support::{CALC_STUB, Daemon, calc_stub_replay, replay_file, statuses, stderr};
+use vxmgr::wire::felix::{RouteType, ToDataplane, to_dataplane::Payload};
+use vxmgr::wire::json;
 
 fn replays() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replays");
@@ -116,4 +120,130 @@ fn expect_reports_a_diff_and_fails() {
     assert!(err.contains("state differs from"), "{err}");
     assert!(err.contains("-  \"hostname\": \"node-z\""), "{err}");
     assert!(err.contains("+  \"hostname\": \"node-a\""), "{err}");
+}
+
+/// Asserts calc-stub stopped before a verdict (exit 2) saying `message`.
+fn assert_exit_2(output: &Output, message: &str) {
+    let err = stderr(output);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains(message), "{message:?} missing from {err:?}");
+}
+
+#[test]
+fn an_unreadable_file_exits_2_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.jsonl");
+    let output = calc_stub_replay(&dir.path().join("no.sock"), &[missing.to_str().unwrap()]);
+    assert_exit_2(&output, &format!("{}: No such file", missing.display()));
+}
+
+#[test]
+fn a_bad_json_line_exits_2_naming_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = replay_file(
+        dir.path(),
+        "bad.jsonl",
+        &[r#"{"inSync": {}}"#, r#"{"inSync": "#],
+    );
+    let output = calc_stub_replay(&dir.path().join("no.sock"), &[bad.to_str().unwrap()]);
+    assert_exit_2(&output, &format!("{}:2: ", bad.display()));
+}
+
+#[test]
+fn no_daemon_on_the_socket_exits_2_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let replay = replay_file(dir.path(), "one.jsonl", &[r#"{"inSync": {}}"#]);
+    let socket = dir.path().join("nobody.sock");
+    let output = calc_stub_replay(&socket, &[replay.to_str().unwrap()]);
+    assert_exit_2(&output, &format!("connecting to {}", socket.display()));
+}
+
+fn generate(args: &[&str]) -> Output {
+    Command::new(CALC_STUB)
+        .arg("generate")
+        .args(args)
+        .output()
+        .expect("calc-stub runs")
+}
+
+fn generated(args: &[&str]) -> Vec<ToDataplane> {
+    let output = generate(args);
+    assert!(output.status.success(), "{}", stderr(&output));
+    String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| json::from_str(l).expect("generate writes messages"))
+        .collect()
+}
+
+#[test]
+fn generate_ipv6_gives_v6_vteps_and_blocks() {
+    let messages = generated(&["--nodes", "2", "--blocks-per-node", "2", "--ipv6"]);
+    let vteps: Vec<_> = messages
+        .iter()
+        .filter_map(|m| match &m.payload {
+            Some(Payload::VtepUpdate(v)) => Some(v),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(vteps.len(), 2);
+    let node_1 = vteps.iter().find(|v| v.node == "node-1").unwrap();
+    assert_eq!(node_1.mac_v6, "66:bb:00:00:00:01");
+    assert_eq!(node_1.ipv6_addr, "fd00:244::80");
+    assert_eq!(node_1.parent_device_ipv6, "fd00:172::2");
+    let v6_blocks: Vec<&str> = messages
+        .iter()
+        .filter_map(|m| match &m.payload {
+            Some(Payload::RouteUpdate(r)) if r.dst.ends_with("/122") => Some(r.dst.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        v6_blocks,
+        [
+            "fd00:244::/122",
+            "fd00:244::40/122",
+            "fd00:244::80/122",
+            "fd00:244::c0/122"
+        ]
+    );
+}
+
+#[test]
+fn generate_local_node_makes_that_nodes_blocks_local() {
+    let messages = generated(&[
+        "--nodes",
+        "3",
+        "--blocks-per-node",
+        "1",
+        "--local-node",
+        "node-2",
+    ]);
+    let local = RouteType::LocalWorkload as i32;
+    let blocks: Vec<(&str, bool)> = messages
+        .iter()
+        .filter_map(|m| match &m.payload {
+            Some(Payload::RouteUpdate(r)) if r.dst.ends_with("/26") => {
+                Some((r.dst_node_name.as_str(), r.types == local))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        blocks,
+        [("node-0", false), ("node-1", false), ("node-2", true)]
+    );
+}
+
+#[test]
+fn generate_refuses_a_local_node_it_does_not_generate() {
+    for local in ["node-a", "node-3", "node-01"] {
+        let output = generate(&["--nodes", "3", "--local-node", local]);
+        assert_exit_2(
+            &output,
+            &format!(
+                "--local-node \"{local}\" is not one of the generated nodes (node-0 to node-2)"
+            ),
+        );
+    }
 }

@@ -45,9 +45,10 @@ struct Cli {
     /// Interval of heartbeats on the Sync stream.
     #[arg(long, env = "VXMGR_HEARTBEAT_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
     heartbeat_interval: Duration,
-    /// Interval of full resyncs with the kernel, in seconds; 0 turns them off
-    /// [default: 90, or the calc process's RouteRefreshInterval].
-    #[arg(long, env = "VXMGR_ROUTE_REFRESH_INTERVAL", value_parser = |v: &str| config::parse_refresh_seconds(v).map(Setting))]
+    /// Interval of full resyncs with the kernel: a duration ("90s", "2m") or
+    /// a number of seconds; 0 turns them off [default: 90s, or the calc
+    /// process's RouteRefreshInterval].
+    #[arg(long, env = "VXMGR_ROUTE_REFRESH_INTERVAL", value_parser = |v: &str| config::parse_refresh_interval(v).map(Setting))]
     route_refresh_interval: Option<Setting<Duration>>,
     /// Interval of the VXLAN device check (repairs a deleted or changed device).
     #[arg(long, env = "VXMGR_DEVICE_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]

@@ -93,3 +93,105 @@ impl Batch {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconciler::ObjectError;
+
+    fn batch(messages: u64, rejected: &[u64]) -> Batch {
+        let mut b = Batch::new(1, None);
+        for sequence in 1..=messages {
+            b.add(sequence);
+            if rejected.contains(&sequence) {
+                b.reject(sequence, format!("bad {sequence}"));
+            }
+        }
+        b
+    }
+
+    fn report(added: u32, operations: u32, errors: usize) -> Report {
+        Report {
+            added,
+            operations,
+            errors: (0..errors)
+                .map(|i| ObjectError {
+                    object: format!("route {i}"),
+                    error: "EEXIST".into(),
+                })
+                .collect(),
+            ..Report::default()
+        }
+    }
+
+    fn result(b: &Batch, r: &Report) -> BatchResult {
+        let status = b.status(r, Duration::ZERO, true);
+        BatchResult::try_from(status.result).unwrap()
+    }
+
+    #[test]
+    fn result_is_ok_partial_or_failed() {
+        let cases = [
+            (
+                "all applied",
+                batch(3, &[]),
+                report(3, 3, 0),
+                BatchResult::Ok,
+            ),
+            (
+                "nothing to program",
+                batch(2, &[]),
+                report(0, 0, 0),
+                BatchResult::Ok,
+            ),
+            (
+                "one rejected",
+                batch(3, &[2]),
+                report(2, 2, 0),
+                BatchResult::Partial,
+            ),
+            (
+                "some kernel errors",
+                batch(3, &[]),
+                report(2, 3, 1),
+                BatchResult::Partial,
+            ),
+            (
+                "all rejected",
+                batch(2, &[1, 2]),
+                report(0, 0, 0),
+                BatchResult::Failed,
+            ),
+            (
+                "all rejected but a config key applied",
+                batch(1, &[1]),
+                Report {
+                    changed: 1,
+                    ..report(0, 1, 0)
+                },
+                BatchResult::Partial,
+            ),
+            (
+                "every operation failed",
+                batch(2, &[]),
+                report(0, 2, 2),
+                BatchResult::Failed,
+            ),
+        ];
+        for (what, b, r, want) in cases {
+            assert_eq!(result(&b, &r), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn status_covers_the_sequence_range_and_lists_rejections() {
+        let b = batch(4, &[3]);
+        let status = b.status(&report(3, 3, 0), Duration::from_micros(7), false);
+        assert_eq!((status.first_sequence, status.last_sequence), (1, 4));
+        assert_eq!(status.message_count, 4);
+        assert_eq!(status.rejected.len(), 1);
+        assert_eq!(status.rejected[0].sequence_number, 3);
+        assert_eq!(status.rejected[0].reason, "bad 3");
+        assert_eq!(status.apply_micros, 7);
+    }
+}

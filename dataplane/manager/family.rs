@@ -261,17 +261,31 @@ impl FamilyManager {
             .unwrap_or_else(|| Arc::from(node))
     }
 
-    /// Checks a VTEP update against the VTEPs already known, before anything
-    /// of it is applied: two nodes may not claim the same MAC or tunnel address.
+    /// Checks a VTEP update against the VTEPs already known, local one
+    /// included, before anything of it is applied: two nodes may not claim
+    /// the same MAC or tunnel address.
+    ///
+    /// The newer claim is the one rejected, whichever side makes it (a remote
+    /// claiming our addresses, or our own VTEP arriving with a remote's):
+    /// what is already programmed, our device or the other node's routes and
+    /// L2 entries, keeps working, and the batch status names both nodes.
+    /// Evicting the holder instead would cut a live node off on the strength
+    /// of one message.
     pub fn check_vtep(&self, update: &VtepUpdate) -> Result<(), Rejection> {
         let Some(addrs) = update.addresses(self.family) else {
             return Ok(());
         };
-        if *update.node == *self.hostname {
-            return Ok(());
-        }
+        let local = self.local_vtep.as_ref();
+        let mac_owner = local
+            .filter(|l| l.mac == addrs.mac)
+            .map(|_| &self.hostname)
+            .or_else(|| self.node_by_mac.get(&addrs.mac));
+        let ip_owner = local
+            .filter(|l| l.tunnel_ip == addrs.tunnel_ip)
+            .map(|_| &self.hostname)
+            .or_else(|| self.node_by_tunnel_ip.get(&addrs.tunnel_ip));
         let conflict = |owner: Option<&Arc<str>>| owner.filter(|o| ***o != *update.node).cloned();
-        if let Some(other) = conflict(self.node_by_mac.get(&addrs.mac)) {
+        if let Some(other) = conflict(mac_owner) {
             return Err(Rejection(format!(
                 "vtep_update for node {}: {} mac {} is already the VTEP MAC of node {}",
                 quote(&update.node),
@@ -280,7 +294,7 @@ impl FamilyManager {
                 quote(&other)
             )));
         }
-        if let Some(other) = conflict(self.node_by_tunnel_ip.get(&addrs.tunnel_ip)) {
+        if let Some(other) = conflict(ip_owner) {
             return Err(Rejection(format!(
                 "vtep_update for node {}: tunnel address {} is already the tunnel address of node {}",
                 quote(&update.node),

@@ -702,6 +702,58 @@ fn a_mac_claimed_by_another_node_is_rejected_as_a_whole() {
     assert_eq!(m.family(Family::V6).snapshot().remote_vteps.len(), 1);
 }
 
+/// Sends VTEP updates that must each be rejected naming `what` and the
+/// node holding the address, with nothing of them applied.
+fn assert_claims_rejected(
+    m: &mut Manager,
+    holder: &str,
+    claims: Vec<(VxlanTunnelEndpointUpdate, &str)>,
+) {
+    for (claim, what) in claims {
+        let err = send(m, Payload::VtepUpdate(claim)).unwrap_err();
+        assert!(err.0.contains(what), "{err}");
+        assert!(err.0.contains(&format!("of node \"{holder}\"")), "{err}");
+        assert!(
+            m.complete_deferred_work().is_empty(),
+            "nothing of it applied"
+        );
+    }
+}
+
+#[test]
+fn a_remote_vtep_claiming_the_local_vteps_addresses_is_rejected() {
+    let mut m = node_a();
+    let mut mac_thief = vtep("node-b", 2);
+    mac_thief.mac = "66:aa:00:00:00:01".into();
+    let mut ip_thief = vtep("node-b", 2);
+    ip_thief.ipv6_addr = "fd00:244:0:0::".into();
+    let claims = vec![
+        (mac_thief, "IPv4 mac"),
+        (ip_thief, "tunnel address fd00:244::"),
+    ];
+    assert_claims_rejected(&mut m, "node-a", claims);
+    assert!(m.family(Family::V4).snapshot().remote_vteps.is_empty());
+}
+
+#[test]
+fn the_local_vtep_claiming_a_remotes_addresses_is_rejected_and_the_device_kept() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    m.complete_deferred_work();
+    let mut mac_clash = vtep("node-a", 1);
+    mac_clash.mac_v6 = "66:bb:00:00:00:02".into();
+    let mut ip_clash = vtep("node-a", 1);
+    ip_clash.ipv4_addr = "10.244.1.0".into();
+    let claims = vec![
+        (mac_clash, "IPv6 mac 66:bb:00:00:00:02"),
+        (ip_clash, "tunnel address 10.244.1.0"),
+    ];
+    assert_claims_rejected(&mut m, "node-b", claims);
+    let v4 = m.family(Family::V4).snapshot();
+    assert_eq!(v4.device.unwrap().address.to_string(), "10.244.0.0/32");
+    assert_eq!(v4.remote_vteps.len(), 1, "node-b keeps its VTEP");
+}
+
 #[test]
 fn local_vtep_gives_the_device_once_the_parent_is_known() {
     let mut m = Manager::new("node-a", Config::default());

@@ -7,7 +7,7 @@ pub struct MacAddr(pub [u8; 6]);
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum MacError {
-    #[error("expected six hex octets separated by ':'")]
+    #[error("expected six two-digit hex octets separated by ':'")]
     Format,
     #[error("multicast addresses cannot be VTEP addresses")]
     Multicast,
@@ -29,7 +29,8 @@ impl FromStr for MacAddr {
         let mut parts = s.split(':');
         for octet in octets.iter_mut() {
             let part = parts.next().ok_or(MacError::Format)?;
-            if part.is_empty() || part.len() > 2 {
+            // from_str_radix alone would take "+6" or "6".
+            if part.len() != 2 || !part.bytes().all(|b| b.is_ascii_hexdigit()) {
                 return Err(MacError::Format);
             }
             *octet = u8::from_str_radix(part, 16).map_err(|_| MacError::Format)?;
@@ -78,6 +79,10 @@ mod tests {
             "66aa00000001",
             "66:aa:00:00:00:001",
             "66::00:00:00:01",
+            "+6:aa:00:00:00:01",
+            "6:aa:00:00:00:01",
+            "66:aa:00:00:00:-1",
+            "66:aa:00:00:00:1",
         ] {
             assert_eq!(bad.parse::<MacAddr>(), Err(MacError::Format), "{bad:?}");
         }

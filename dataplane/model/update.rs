@@ -280,9 +280,31 @@ fn parse_vtep_family(
     }
     Ok(Some(VtepAddresses {
         mac: parse_mac(mac_field, mac)?,
-        tunnel_ip: parse_ip(ip_field, ip, Some(family))?,
-        parent_ip: parse_ip(parent_field, parent, Some(family))?,
+        tunnel_ip: parse_unicast_ip(ip_field, ip, family)?,
+        parent_ip: parse_unicast_ip(parent_field, parent, family)?,
     }))
+}
+
+/// A VTEP address is one host's: the kernel would take an unspecified,
+/// multicast, loopback or broadcast one and black-hole the tunnel.
+fn parse_unicast_ip(field: &str, value: &str, family: Family) -> Result<IpAddr, Rejection> {
+    let ip = parse_ip(field, value, Some(family))?;
+    let why = if ip.is_unspecified() {
+        "the unspecified address"
+    } else if ip.is_multicast() {
+        "a multicast address"
+    } else if ip.is_loopback() {
+        "a loopback address"
+    } else if matches!(ip, IpAddr::V4(v4) if v4.is_broadcast()) {
+        "the broadcast address"
+    } else {
+        return Ok(ip);
+    };
+    Err(Rejection::bad_value(
+        field,
+        value,
+        format_args!("{why} cannot be a VTEP address"),
+    ))
 }
 
 #[cfg(test)]
@@ -360,6 +382,38 @@ mod tests {
         };
         let err = parse(Payload::VtepUpdate(bad_v6)).unwrap_err();
         assert!(err.0.contains("vtep_update.mac_v6 \"not-a-mac\""), "{err}");
+    }
+
+    #[test]
+    fn vtep_addresses_must_be_unicast_host_addresses() {
+        let good = felix::VxlanTunnelEndpointUpdate {
+            node: "n".into(),
+            mac: "66:aa:00:00:00:01".into(),
+            ipv4_addr: "10.0.0.1".into(),
+            parent_device_ip: "192.168.0.1".into(),
+            mac_v6: "66:bb:00:00:00:01".into(),
+            ipv6_addr: "fd00::1".into(),
+            parent_device_ipv6: "fd01::1".into(),
+        };
+        assert!(parse(Payload::VtepUpdate(good.clone())).is_ok());
+        type Field = fn(&mut felix::VxlanTunnelEndpointUpdate) -> &mut String;
+        let cases: [(Field, &str, &str); 8] = [
+            (|v| &mut v.ipv4_addr, "0.0.0.0", "unspecified"),
+            (|v| &mut v.parent_device_ip, "224.0.0.1", "multicast"),
+            (|v| &mut v.ipv4_addr, "127.0.0.1", "loopback"),
+            (|v| &mut v.parent_device_ip, "255.255.255.255", "broadcast"),
+            (|v| &mut v.ipv6_addr, "::", "unspecified"),
+            (|v| &mut v.parent_device_ipv6, "ff02::1", "multicast"),
+            (|v| &mut v.ipv6_addr, "::1", "loopback"),
+            (|v| &mut v.parent_device_ipv6, "::", "unspecified"),
+        ];
+        for (field, value, why) in cases {
+            let mut v = good.clone();
+            *field(&mut v) = value.into();
+            let err = parse(Payload::VtepUpdate(v)).unwrap_err();
+            assert!(err.0.contains(&format!("{value:?}")), "{err}");
+            assert!(err.0.contains(why), "{err}");
+        }
     }
 
     #[test]

@@ -34,17 +34,24 @@ fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
 }
 
 /// Binds `path` with mode 0600, or 0660 and group `group` when given.
-/// A stale socket file is removed; a live daemon on it is an error.
+/// A stale socket file is replaced; a live daemon on it is an error.
+///
+/// The socket is bound in a private (0700) directory beside `path`, given
+/// its mode and group there, and only then renamed into place, so it is
+/// never reachable with the looser permissions the umask would give it.
 pub async fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, SocketError> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(io_error("creating directory", dir))?;
-    }
+    let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(io_error("creating directory", dir))?;
+            dir
+        }
+        None => Path::new("."),
+    };
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if UnixStream::connect(path).await.is_ok() {
                 return Err(SocketError::InUse(path.to_path_buf()));
             }
-            std::fs::remove_file(path).map_err(io_error("removing stale socket", path))?;
         }
         Ok(_) => return Err(SocketError::NotASocket(path.to_path_buf())),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
@@ -60,14 +67,21 @@ pub async fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, Sock
         ),
         None => None,
     };
-    let listener = UnixListener::bind(path).map_err(io_error("binding", path))?;
+    let private = tempfile::Builder::new()
+        .prefix(".vxmgr-bind-")
+        .tempdir_in(dir)
+        .map_err(io_error("creating a private directory in", dir))?;
+    let staged = private.path().join("socket");
+    let listener = UnixListener::bind(&staged).map_err(io_error("binding", &staged))?;
     let mode = if gid.is_some() { 0o660 } else { 0o600 };
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(io_error("setting permissions of", path))?;
+    std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))
+        .map_err(io_error("setting permissions of", &staged))?;
     if let Some(gid) = gid {
-        nix::unistd::chown(path, None, Some(gid))
-            .map_err(|e| io_error("changing group of", path)(e.into()))?;
+        nix::unistd::chown(&staged, None, Some(gid))
+            .map_err(|e| io_error("changing group of", &staged)(e.into()))?;
     }
+    // Replaces a stale socket atomically.
+    std::fs::rename(&staged, path).map_err(io_error("moving the socket to", path))?;
     Ok(listener)
 }
 

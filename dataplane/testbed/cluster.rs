@@ -219,42 +219,44 @@ impl Cluster {
         sh(&cluster.underlay, "ip link add br0 type bridge")?;
         sh(&cluster.underlay, "ip link set br0 up")?;
         for index in 1..=n {
-            let node = cluster.add_node(index, binaries)?;
-            cluster.nodes.push(node);
+            // Held before it is built, so that a failure half-way through
+            // still has its namespaces removed on drop.
+            cluster.nodes.push(Node {
+                name: format!("node-{index}"),
+                ns: format!("{}n{index}", cluster.prefix),
+                index,
+                socket: cluster.dir.join(format!("node-{index}.sock")),
+                daemon: None,
+                log: cluster.dir.join(format!("node-{index}.log")),
+                binaries: binaries.clone(),
+            });
+            cluster.build_node(cluster.node(index))?;
         }
         Ok(cluster)
     }
 
-    fn add_node(&self, index: u8, binaries: &Binaries) -> Result<Node> {
-        let ns = format!("{}n{index}", self.prefix);
-        let node = Node {
-            name: format!("node-{index}"),
-            ns: ns.clone(),
-            index,
-            socket: self.dir.join(format!("node-{index}.sock")),
-            daemon: None,
-            log: self.dir.join(format!("node-{index}.log")),
-            binaries: binaries.clone(),
-        };
-        run(&["ip", "netns", "add", &ns])?;
-        sh(&ns, "ip link set lo up")?;
+    fn build_node(&self, node: &Node) -> Result<()> {
+        let ns = &node.ns;
+        let index = node.index;
+        run(&["ip", "netns", "add", ns])?;
+        sh(ns, "ip link set lo up")?;
         sh(
-            &ns,
+            ns,
             "sysctl -q -w net.ipv4.ip_forward=1 net.ipv6.conf.all.forwarding=1",
         )?;
         sh(
-            &ns,
+            ns,
             "sysctl -q -w net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0",
         )?;
         // Underlay: eth0 in the node, its peer on the bridge.
         let peer = format!("{}e{index}", self.prefix);
-        self.add_underlay_link(&ns, "eth0", &peer)?;
+        self.add_underlay_link(ns, "eth0", &peer)?;
         sh(
-            &ns,
+            ns,
             &format!("ip addr add {}/24 dev eth0", node.underlay_v4()),
         )?;
         sh(
-            &ns,
+            ns,
             &format!("ip -6 addr add {}/64 dev eth0 nodad", node.underlay_v6()),
         )?;
 
@@ -266,12 +268,12 @@ impl Cluster {
         sh(&pod, "ip link set lo up")?;
         sh(&pod, "sysctl -q -w net.ipv6.conf.all.accept_dad=0")?;
         sh(
-            &ns,
+            ns,
             &format!("ip link add cali0 type veth peer name eth0 netns {pod}"),
         )?;
-        sh(&ns, "sysctl -q -w net.ipv4.conf.cali0.proxy_arp=1")?;
-        sh(&ns, "ip link set cali0 up")?;
-        sh(&ns, "ip -6 addr add fe80::1/64 dev cali0 nodad")?;
+        sh(ns, "sysctl -q -w net.ipv4.conf.cali0.proxy_arp=1")?;
+        sh(ns, "ip link set cali0 up")?;
+        sh(ns, "ip -6 addr add fe80::1/64 dev cali0 nodad")?;
         sh(&pod, &format!("ip addr add {}/32 dev eth0", node.pod_v4()))?;
         sh(
             &pod,
@@ -280,12 +282,12 @@ impl Cluster {
         sh(&pod, "ip link set eth0 up")?;
         sh(&pod, "ip route add default dev eth0 scope link")?;
         sh(&pod, "ip -6 route add default via fe80::1 dev eth0")?;
-        sh(&ns, &format!("ip route add {}/32 dev cali0", node.pod_v4()))?;
+        sh(ns, &format!("ip route add {}/32 dev cali0", node.pod_v4()))?;
         sh(
-            &ns,
+            ns,
             &format!("ip -6 route add {}/128 dev cali0", node.pod_v6()),
         )?;
-        Ok(node)
+        Ok(())
     }
 
     /// Adds interface `name` in namespace `ns`, plugged into the underlay

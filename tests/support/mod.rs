@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Condvar, Mutex};
@@ -14,7 +14,9 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use vxmgr::wire::felix::ToDataplane;
-use vxmgr::wire::vxmgr::v1::{SyncResponse, sync_response::Payload};
+use vxmgr::wire::vxmgr::v1::{
+    DataplaneState, GetStateRequest, SyncResponse, sync_response::Payload,
+};
 
 pub const VXMGRD: &str = env!("CARGO_BIN_EXE_vxmgrd");
 pub const CALC_STUB: &str = env!("CARGO_BIN_EXE_calc-stub");
@@ -47,6 +49,11 @@ impl Daemon {
     /// Starts `vxmgrd --kernel memory --hostname node-a` with a fast batch
     /// tick and `extra` arguments, and waits until it serves.
     pub fn memory(extra: &[&str]) -> Daemon {
+        Daemon::memory_with_env(extra, &[])
+    }
+
+    /// [`Daemon::memory`] with these variables in vxmgrd's environment.
+    pub fn memory_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut args = vec![
             "--kernel",
             "memory",
@@ -56,7 +63,9 @@ impl Daemon {
             "5ms",
         ];
         args.extend_from_slice(extra);
-        Daemon::start(&args)
+        let dir = tempfile::tempdir().expect("temp dir");
+        let socket = dir.path().join("vxmgr.sock");
+        Daemon::spawn(dir, socket, &args, env)
     }
 
     pub fn start(args: &[&str]) -> Daemon {
@@ -66,10 +75,15 @@ impl Daemon {
     }
 
     pub fn start_on(dir: TempDir, socket: PathBuf, args: &[&str]) -> Daemon {
+        Daemon::spawn(dir, socket, args, &[])
+    }
+
+    fn spawn(dir: TempDir, socket: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut child = Command::new(VXMGRD)
             .arg("--socket")
             .arg(&socket)
             .args(args)
+            .envs(env.iter().copied())
             .env("VXMGR_LOG", "info,vxmgr=debug")
             .env("NO_COLOR", "1")
             .stdout(Stdio::null())
@@ -148,15 +162,19 @@ impl Daemon {
             .expect("connect to vxmgrd")
     }
 
+    /// GetState, from a fresh client.
+    pub async fn state(&self) -> DataplaneState {
+        self.client()
+            .await
+            .get_state(GetStateRequest {})
+            .await
+            .expect("GetState answered")
+            .into_inner()
+    }
+
     /// `calc-stub replay --socket <ours> <args>`.
     pub fn replay(&self, args: &[&str]) -> Output {
-        Command::new(CALC_STUB)
-            .arg("replay")
-            .arg("--socket")
-            .arg(&self.socket)
-            .args(args)
-            .output()
-            .expect("calc-stub runs")
+        calc_stub_replay(&self.socket, args)
     }
 }
 
@@ -176,6 +194,17 @@ fn signal(pid: i32, signal: i32) {
     }
 }
 
+/// `calc-stub replay --socket <socket> <args>`.
+pub fn calc_stub_replay(socket: &Path, args: &[&str]) -> Output {
+    Command::new(CALC_STUB)
+        .arg("replay")
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("calc-stub runs")
+}
+
 /// Writes `lines` as a .jsonl replay file in `dir`.
 pub fn replay_file(dir: &Path, name: &str, lines: &[&str]) -> PathBuf {
     let path = dir.join(name);
@@ -189,6 +218,12 @@ pub fn statuses(output: &Output) -> Vec<serde_json::Value> {
         .lines()
         .map(|l| serde_json::from_str(l).expect("calc-stub prints JSON lines"))
         .collect()
+}
+
+/// Writes to stderr past the test harness's output capture (which takes
+/// `eprintln!`), so that a skipped test is seen.
+pub fn say(message: &str) {
+    let _ = writeln!(std::io::stderr(), "{message}");
 }
 
 pub fn stderr(output: &Output) -> String {
