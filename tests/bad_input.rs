@@ -420,3 +420,33 @@ async fn a_client_that_stops_reading_does_not_stall_the_daemon() {
         assert!(applied.is_ok(), "{node} never applied");
     }
 }
+
+#[tokio::test]
+async fn the_largest_sequence_number_is_reported_and_the_next_one_follows() {
+    let daemon = Daemon::memory(&[]);
+    let mut stream = Stream::open(&daemon).await;
+    stream.send(vec![message(NODE_B, u64::MAX)]).await;
+    let status = stream
+        .next(|p| match p {
+            Payload::BatchStatus(s) => Some(s),
+            _ => None,
+        })
+        .await;
+    assert_eq!(
+        (status.first_sequence, status.last_sequence),
+        (u64::MAX, u64::MAX)
+    );
+    // A message without a number after it still gets one.
+    stream
+        .send(vec![message(&route("10.244.1.0/26", ""), 0)])
+        .await;
+    stream.batch_covering(u64::MAX).await;
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .expect("the daemon is alive")
+        .into_inner();
+    assert_eq!(state.ipv4.unwrap().remote_vteps.len(), 1);
+}

@@ -220,7 +220,8 @@ impl Engine {
         } else {
             msg.sequence_number
         };
-        stream.next_sequence = sequence + 1;
+        // Sequence numbers come from the client: the last one must not overflow.
+        stream.next_sequence = sequence.saturating_add(1);
         let (batch, _) = self.open.get_or_insert_with(|| {
             (
                 Batch::new(id, stream.responder.clone()),
