@@ -97,9 +97,6 @@ pub async fn run(
     mut events: mpsc::Receiver<KernelEvent>,
     health: HealthReporter,
 ) {
-    health
-        .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
-        .await;
     let mut heartbeat = interval(options.heartbeat_interval);
     heartbeat.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut engine = Engine {

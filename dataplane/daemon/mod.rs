@@ -130,6 +130,13 @@ pub async fn run_with_backend<B: KernelBackend>(
     let (kernel_tx, kernel_rx) = mpsc::channel(4);
     let (events_tx, events_rx) = mpsc::channel(16);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    // Known before the first Health/Check can arrive: NOT_SERVING, not NOT_FOUND.
+    health_reporter
+        .set_service_status(
+            engine::SERVICE_NAME,
+            tonic_health::ServingStatus::NotServing,
+        )
+        .await;
 
     let task_options = KernelTaskOptions {
         device_check_interval: options.device_check_interval,
