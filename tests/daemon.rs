@@ -133,6 +133,38 @@ async fn health_is_not_serving_until_in_sync() {
 }
 
 #[tokio::test]
+async fn a_client_that_half_closes_after_in_sync_still_hears_it() {
+    // The batch closes when the stream ends, not before.
+    let daemon = Daemon::start(&[
+        "--kernel",
+        "memory",
+        "--hostname",
+        "node-a",
+        "--batch-interval",
+        "1h",
+    ]);
+    let mut stream = Stream::open(&daemon).await;
+    stream.send(two_nodes()).await;
+    stream.close_send();
+    stream.batch_covering(7).await;
+    stream
+        .next(|p| matches!(p, Payload::DataplaneInSync(_)).then_some(()))
+        .await;
+    let channel = vxmgr::client::connect(&daemon.socket).await.unwrap();
+    let status = HealthClient::new(channel)
+        .check(HealthCheckRequest {
+            service: "vxmgr.v1.Dataplane".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status;
+    assert_eq!(status, ServingStatus::Serving as i32);
+    // Its responses end once the daemon is done with its messages.
+    assert!(stream.responses.message().await.unwrap().is_none());
+}
+
+#[tokio::test]
 async fn record_writes_a_file_that_replays_the_same() {
     let dir = tempfile::tempdir().unwrap();
     for name in ["capture.jsonl", "capture.bin"] {
@@ -244,7 +276,7 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
         "--batch-interval",
         "1h",
     ]);
-    let stream = Stream::open(&daemon).await;
+    let mut stream = Stream::open(&daemon).await;
     let lines = [
         r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
         r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.0/26", "dstNodeName": "node-b"}}"#,
@@ -260,18 +292,13 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
         })
         .collect();
     stream.send(messages).await;
-    let Stream { tx, mut responses } = stream;
-    drop(tx);
-    let status = loop {
-        let response = tokio::time::timeout(Duration::from_secs(30), responses.next())
-            .await
-            .expect("a status within 30 s")
-            .expect("a status before the stream ends")
-            .expect("response");
-        if let Some(Payload::BatchStatus(s)) = response.payload {
-            break s;
-        }
-    };
+    stream.close_send();
+    let status = stream
+        .next(|p| match p {
+            Payload::BatchStatus(s) => Some(s),
+            _ => None,
+        })
+        .await;
     assert_eq!(
         (
             status.first_sequence,

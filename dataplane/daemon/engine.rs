@@ -18,7 +18,7 @@ use super::batch::{Batch, Responder};
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
 use crate::manager::{Manager, Outcome};
 use crate::model::{Family, Update};
-use crate::reconciler::{ApplyRequest, ObjectError, Report};
+use crate::reconciler::{ApplyRequest, ObjectError};
 use crate::server::state::dataplane_state;
 use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate, ToDataplane};
 use crate::wire::replay::ReplayWriter;
@@ -26,9 +26,6 @@ use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, SyncResponse, sync_res
 
 /// The gRPC service name whose health follows the dataplane.
 pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
-
-/// Consecutive failing passes after which the dataplane reports NOT_SERVING.
-const FAILING_PASSES_UNHEALTHY: u32 = 3;
 
 pub enum EngineInput {
     StreamStarted {
@@ -65,15 +62,14 @@ struct Stream {
     id: u64,
     responder: Option<Responder>,
     next_sequence: u64,
-    /// A batch applied after the stream's InSync.
-    in_sync_applied: bool,
-    dataplane_in_sync_sent: bool,
 }
 
 struct Engine {
     manager: Manager,
     kernel: mpsc::Sender<KernelCommand>,
     health: HealthReporter,
+    /// What `health` says; the daemon starts NOT_SERVING.
+    serving: bool,
     stream: Option<Stream>,
     open: Option<(Batch, Instant)>,
     /// The manager has changes not caused by a message (parent interface).
@@ -83,7 +79,13 @@ struct Engine {
     apply_in_flight: bool,
     last_batch: Option<BatchStatus>,
     objects: ObjectHealth,
-    failing_passes: u32,
+    /// A batch of the latest stream applied after its InSync. Kept when the
+    /// stream ends: a client that half-closes right after InSync still
+    /// brings the dataplane in sync.
+    in_sync_applied: bool,
+    /// The latest stream was told DataplaneInSync (or it would have been,
+    /// had it still been open).
+    dataplane_in_sync_sent: bool,
     recorder: Option<Recorder>,
     started: Instant,
     options: EngineOptions,
@@ -103,6 +105,7 @@ pub async fn run(
         manager,
         kernel,
         health,
+        serving: false,
         stream: None,
         open: None,
         internal_dirty: false,
@@ -110,7 +113,8 @@ pub async fn run(
         apply_in_flight: false,
         last_batch: None,
         objects: ObjectHealth::default(),
-        failing_passes: 0,
+        in_sync_applied: false,
+        dataplane_in_sync_sent: false,
         recorder: options.record.take(),
         started: Instant::now(),
         options,
@@ -166,9 +170,9 @@ impl Engine {
                     id,
                     responder: Some(responder),
                     next_sequence: 1,
-                    in_sync_applied: false,
-                    dataplane_in_sync_sent: false,
                 });
+                self.in_sync_applied = false;
+                self.dataplane_in_sync_sent = false;
             }
             EngineInput::Messages { id, messages } => {
                 for msg in messages {
@@ -306,6 +310,9 @@ impl Engine {
     }
 
     async fn on_kernel_event(&mut self, event: KernelEvent) {
+        // Where DataplaneInSync goes once the stream has ended: the last
+        // batch's responder, while the client still reads.
+        let mut batch_responder = None;
         let (report, objects) = match event {
             KernelEvent::Applied {
                 batch,
@@ -315,9 +322,7 @@ impl Engine {
                 objects,
             } => {
                 self.apply_in_flight = false;
-                if let Some(stream) = &mut self.stream {
-                    stream.in_sync_applied |= in_sync;
-                }
+                self.in_sync_applied |= in_sync;
                 if let Some(batch) = batch {
                     let status = batch.status(&report, apply_time, in_sync);
                     info!(
@@ -339,6 +344,7 @@ impl Engine {
                         );
                     }
                     self.last_batch = Some(status);
+                    batch_responder = batch.responder;
                 }
                 (report, objects)
             }
@@ -349,48 +355,51 @@ impl Engine {
             self.internal_dirty = true;
         }
         self.objects = objects;
-        self.update_health(&report).await;
+        self.update_health(batch_responder.as_ref()).await;
     }
 
-    async fn update_health(&mut self, report: &Report) {
-        if report.errors.is_empty() {
-            self.failing_passes = 0;
-        } else if report.operations > 0 {
-            self.failing_passes += 1;
+    /// NOT_SERVING while an object fails or is contested; SERVING once the
+    /// latest stream's InSync is applied and nothing is left to do. Before
+    /// that (a snapshot coming in), health stays as it was.
+    async fn update_health(&mut self, batch_responder: Option<&Responder>) {
+        if !self.objects.is_clean() {
+            self.set_serving(false).await;
+            return;
         }
-        if let Some(stream) = &mut self.stream
-            && stream.in_sync_applied
-            && !self.internal_dirty
-            && !self.apply_in_flight
-            && self.objects.is_clean()
-            && !stream.dataplane_in_sync_sent
-        {
-            stream.dataplane_in_sync_sent = true;
-            info!(stream = stream.id, "dataplane in sync");
-            if let Some(responder) = &stream.responder {
+        if !self.in_sync_applied || self.internal_dirty || self.apply_in_flight {
+            return;
+        }
+        // Health first: a client told DataplaneInSync finds it SERVING.
+        self.set_serving(true).await;
+        if !self.dataplane_in_sync_sent {
+            self.dataplane_in_sync_sent = true;
+            let stream = self.stream.as_ref();
+            info!(stream = stream.map(|s| s.id), "dataplane in sync");
+            if let Some(responder) = stream
+                .and_then(|s| s.responder.as_ref())
+                .or(batch_responder)
+            {
                 send(
                     responder,
                     sync_response::Payload::DataplaneInSync(DataplaneInSync {}),
                 );
             }
-            self.health
-                .set_service_status(SERVICE_NAME, ServingStatus::Serving)
-                .await;
         }
-        if self.failing_passes >= FAILING_PASSES_UNHEALTHY || !self.objects.contested.is_empty() {
-            self.health
-                .set_service_status(SERVICE_NAME, ServingStatus::NotServing)
-                .await;
-        } else if self.failing_passes == 0
-            && self
-                .stream
-                .as_ref()
-                .is_some_and(|s| s.dataplane_in_sync_sent)
-        {
-            self.health
-                .set_service_status(SERVICE_NAME, ServingStatus::Serving)
-                .await;
+    }
+
+    /// Health watchers hear of changes only.
+    async fn set_serving(&mut self, serving: bool) {
+        if serving == self.serving {
+            return;
         }
+        self.serving = serving;
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        info!(?status, "dataplane health");
+        self.health.set_service_status(SERVICE_NAME, status).await;
     }
 
     fn heartbeat(&mut self) {

@@ -4,12 +4,16 @@
 pub mod batch;
 pub mod engine;
 pub mod kernel_task;
+#[cfg(test)]
+mod tests;
 
 use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::config::{Config, SettingsLayer};
@@ -95,11 +99,7 @@ pub async fn run(
     }
 }
 
-/// Runs the daemon on the kernel backend `open` makes. The backend, its
-/// sockets' connections and the reconciler live on a thread and a
-/// single-threaded runtime of their own: a pipelined apply is a stream of
-/// small requests and answers, and hopping between worker threads for each
-/// of them costs more than the work.
+/// Runs the daemon on the kernel backend `open` makes.
 pub async fn run_with_backend<B: KernelBackend>(
     open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
     options: DaemonOptions,
@@ -116,86 +116,20 @@ pub async fn run_with_backend<B: KernelBackend>(
     };
     let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
     info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, "vxmgrd starting");
-    let config = Config::new(options.flags.clone());
-    let settings = config.settings();
-    let manager = Manager::new(&options.hostname, config);
-    let reconciler_options = ReconcilerOptions {
-        nexthops: options.nexthops,
-        disable_tx_checksum: checksum_offload_off(options.checksum_offload_broken),
-        route_protocol: settings.route_protocol,
-    };
-
-    // Chunks of messages (up to 1024 each), GetState requests, stream events.
-    let (engine_tx, engine_rx) = mpsc::channel(64);
-    let (kernel_tx, kernel_rx) = mpsc::channel(4);
-    let (events_tx, events_rx) = mpsc::channel(16);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    // Known before the first Health/Check can arrive: NOT_SERVING, not NOT_FOUND.
-    health_reporter
-        .set_service_status(
-            engine::SERVICE_NAME,
-            tonic_health::ServingStatus::NotServing,
-        )
-        .await;
-
-    let task_options = KernelTaskOptions {
-        device_check_interval: options.device_check_interval,
-        refresh_interval: settings.route_refresh_interval,
+    let tasks = match Tasks::start(open, &options, record, health_reporter).await {
+        Ok(tasks) => tasks,
+        Err(e) => {
+            let _ = std::fs::remove_file(&options.socket);
+            return Err(e);
+        }
     };
-    let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
-    let kernel = std::thread::Builder::new()
-        .name("vxmgr-kernel".into())
-        .spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    let _ = opened_tx.send(Err(DaemonError::Runtime(e)));
-                    return;
-                }
-            };
-            runtime.block_on(async move {
-                let backend = match open() {
-                    Ok(backend) => backend,
-                    Err(e) => {
-                        let _ = opened_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = opened_tx.send(Ok(()));
-                let reconciler = Reconciler::new(backend, reconciler_options).await;
-                kernel_task::run(reconciler, task_options, kernel_rx, events_tx).await;
-            });
-        })
-        .map_err(DaemonError::Runtime)?;
-    let opened = match opened_rx.await {
-        Ok(opened) => opened,
-        Err(_) => Err(DaemonError::Backend("kernel", "its thread ended".into())),
-    };
-    if let Err(e) = opened {
-        let _ = std::fs::remove_file(&options.socket);
-        return Err(e);
-    }
-    let engine = tokio::spawn(engine::run(
-        manager,
-        EngineOptions {
-            batch_interval: options.batch_interval,
-            heartbeat_interval: options.heartbeat_interval,
-            record,
-        },
-        engine_rx,
-        kernel_tx,
-        events_rx,
-        health_reporter,
-    ));
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = server::serve(
         listener,
         options.allow_uids.clone(),
-        DataplaneService::new(engine_tx.clone()),
+        DataplaneService::new(tasks.engine.clone()),
         health_service,
         async {
             let _ = stop_rx.await;
@@ -209,23 +143,124 @@ pub async fn run_with_backend<B: KernelBackend>(
             let _ = stop_tx.send(());
         }
     }
-    // Give open streams a moment to see the end, then let go of them.
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, engine_tx.send(EngineInput::Shutdown)).await;
-    drop(engine_tx);
-    if let Err(e) = engine.await {
-        warn!(error = %e, "manager task failed");
-    }
-    if !matches!(
-        tokio::task::spawn_blocking(move || kernel.join()).await,
-        Ok(Ok(()))
-    ) {
-        warn!("kernel task failed");
-    }
+    tasks.stop().await;
     if let Err(e) = std::fs::remove_file(&options.socket) {
         warn!(error = %e, socket = %options.socket.display(), "could not remove the socket");
     }
     served?;
     Ok(())
+}
+
+/// The manager task and the kernel thread, running; the server reaches them
+/// through `engine`.
+struct Tasks {
+    engine: mpsc::Sender<EngineInput>,
+    engine_task: tokio::task::JoinHandle<()>,
+    kernel_thread: std::thread::JoinHandle<()>,
+}
+
+impl Tasks {
+    /// Starts the kernel thread on the backend `open` makes, then the
+    /// manager task. The backend, its sockets' connections and the
+    /// reconciler live on a thread and a single-threaded runtime of their
+    /// own: a pipelined apply is a stream of small requests and answers, and
+    /// hopping between worker threads for each of them costs more than the
+    /// work.
+    async fn start<B: KernelBackend>(
+        open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
+        options: &DaemonOptions,
+        record: Option<engine::Recorder>,
+        health: HealthReporter,
+    ) -> Result<Tasks, DaemonError> {
+        // Known before the first Health/Check can arrive: NOT_SERVING, not NOT_FOUND.
+        health
+            .set_service_status(engine::SERVICE_NAME, ServingStatus::NotServing)
+            .await;
+        let config = Config::new(options.flags.clone());
+        let settings = config.settings();
+        let manager = Manager::new(&options.hostname, config);
+        let reconciler_options = ReconcilerOptions {
+            nexthops: options.nexthops,
+            disable_tx_checksum: checksum_offload_off(options.checksum_offload_broken),
+            route_protocol: settings.route_protocol,
+        };
+
+        // Chunks of messages (up to 1024 each), GetState requests, stream events.
+        let (engine_tx, engine_rx) = mpsc::channel(64);
+        let (kernel_tx, kernel_rx) = mpsc::channel(4);
+        let (events_tx, events_rx) = mpsc::channel(16);
+        let task_options = KernelTaskOptions {
+            device_check_interval: options.device_check_interval,
+            refresh_interval: settings.route_refresh_interval,
+        };
+        let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+        let kernel_thread = std::thread::Builder::new()
+            .name("vxmgr-kernel".into())
+            .spawn(move || {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = opened_tx.send(Err(DaemonError::Runtime(e)));
+                        return;
+                    }
+                };
+                runtime.block_on(async move {
+                    let backend = match open() {
+                        Ok(backend) => backend,
+                        Err(e) => {
+                            let _ = opened_tx.send(Err(e));
+                            return;
+                        }
+                    };
+                    let _ = opened_tx.send(Ok(()));
+                    let reconciler = Reconciler::new(backend, reconciler_options).await;
+                    kernel_task::run(reconciler, task_options, kernel_rx, events_tx).await;
+                });
+            })
+            .map_err(DaemonError::Runtime)?;
+        match opened_rx.await {
+            Ok(opened) => opened?,
+            Err(_) => return Err(DaemonError::Backend("kernel", "its thread ended".into())),
+        }
+        let engine_task = tokio::spawn(engine::run(
+            manager,
+            EngineOptions {
+                batch_interval: options.batch_interval,
+                heartbeat_interval: options.heartbeat_interval,
+                record,
+            },
+            engine_rx,
+            kernel_tx,
+            events_rx,
+            health,
+        ));
+        Ok(Tasks {
+            engine: engine_tx,
+            engine_task,
+            kernel_thread,
+        })
+    }
+
+    /// Lets the manager task apply what it received, then waits for both
+    /// to end.
+    async fn stop(self) {
+        // Give open streams a moment to see the end, then let go of them.
+        let _ = tokio::time::timeout(SHUTDOWN_GRACE, self.engine.send(EngineInput::Shutdown)).await;
+        drop(self.engine);
+        if let Err(e) = self.engine_task.await {
+            warn!(error = %e, "manager task failed");
+        }
+        let kernel = self.kernel_thread;
+        if !matches!(
+            tokio::task::spawn_blocking(move || kernel.join()).await,
+            Ok(Ok(()))
+        ) {
+            warn!("kernel task failed");
+        }
+    }
 }
 
 fn checksum_offload_off(mode: ChecksumOffloadBroken) -> bool {

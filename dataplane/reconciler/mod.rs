@@ -7,7 +7,7 @@ mod nexthops;
 mod render;
 mod table;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use foldhash::{HashMap, HashSet, HashSetExt};
 use std::net::IpAddr;

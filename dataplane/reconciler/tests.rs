@@ -80,7 +80,7 @@ impl Rig {
     }
 }
 
-const CLUSTER: &[&str] = &[
+pub(crate) const CLUSTER: &[&str] = &[
     r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#,
     r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
     r#"{"vtepUpdate": {"node": "node-c", "mac": "66:aa:00:00:00:03", "ipv4Addr": "10.244.2.0", "parentDeviceIp": "192.168.10.3"}}"#,
@@ -89,7 +89,7 @@ const CLUSTER: &[&str] = &[
     r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.2.0/26", "dstNodeName": "node-c"}}"#,
     r#"{"routeUpdate": {"types": 17, "ipPoolType": "VXLAN", "dst": "10.244.1.0/32", "dstNodeName": "node-b"}}"#,
 ];
-const IN_SYNC: &str = r#"{"inSync": {}}"#;
+pub(crate) const IN_SYNC: &str = r#"{"inSync": {}}"#;
 
 async fn cluster_rig(nexthops: NexthopMode) -> Rig {
     let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), nexthops).await;

@@ -233,7 +233,7 @@ pub mod netns;
 
 /// An open Sync stream.
 pub struct Stream {
-    pub tx: mpsc::Sender<ToDataplane>,
+    tx: Option<mpsc::Sender<ToDataplane>>,
     pub responses: tonic::Streaming<SyncResponse>,
 }
 
@@ -247,13 +247,23 @@ impl Stream {
             .await
             .expect("Sync accepted")
             .into_inner();
-        Stream { tx, responses }
+        Stream {
+            tx: Some(tx),
+            responses,
+        }
     }
 
     pub async fn send(&self, messages: Vec<ToDataplane>) {
+        let tx = self.tx.as_ref().expect("send side open");
         for m in messages {
-            self.tx.send(m).await.expect("stream open");
+            tx.send(m).await.expect("stream open");
         }
+    }
+
+    /// Ends the request stream (as `grpcurl -d @` does at the end of its
+    /// input); responses still come.
+    pub fn close_send(&mut self) {
+        self.tx = None;
     }
 
     /// The next response whose payload `want` picks, skipping the others.

@@ -1,0 +1,211 @@
+//! The manager task and the kernel task together, in-process on a memory
+//! kernel, with faults injected: health and the stream's responses.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::StreamExt;
+use tonic::Request;
+use tonic_health::pb::health_check_response::ServingStatus as Status;
+use tonic_health::pb::health_server::Health;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
+
+use super::*;
+use crate::kernel::objects::KernelOp;
+use crate::reconciler::tests::{CLUSTER, IN_SYNC};
+use crate::wire::json;
+use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, SyncResponse, sync_response::Payload};
+
+fn options() -> DaemonOptions {
+    DaemonOptions {
+        socket: PathBuf::new(),
+        socket_group: None,
+        allow_uids: Vec::new(),
+        hostname: "node-a".into(),
+        kernel: KernelKind::Memory,
+        batch_interval: Duration::from_millis(1),
+        // Only the passes a test causes, and retries.
+        heartbeat_interval: Duration::from_secs(3600),
+        device_check_interval: Duration::from_secs(3600),
+        nexthops: NexthopMode::On,
+        checksum_offload_broken: ChecksumOffloadBroken::False,
+        flags: SettingsLayer::default(),
+        record: None,
+    }
+}
+
+/// The daemon's tasks on a memory kernel, with one open stream.
+struct Rig {
+    kernel: MemoryBackend,
+    tasks: Tasks,
+    health: HealthService,
+    responses: mpsc::Receiver<Result<SyncResponse, tonic::Status>>,
+    sent: u64,
+}
+
+const STREAM: u64 = 1;
+
+impl Rig {
+    async fn start() -> Rig {
+        let kernel = MemoryBackend::with_underlay("eth0", 1500);
+        let reporter = HealthReporter::new();
+        let health = HealthService::from_health_reporter(reporter.clone());
+        let backend = kernel.clone();
+        let tasks = Tasks::start(move || Ok(backend), &options(), None, reporter)
+            .await
+            .expect("memory kernel");
+        let (responder, responses) = mpsc::channel(64);
+        tasks
+            .engine
+            .send(EngineInput::StreamStarted {
+                id: STREAM,
+                peer: "a test".into(),
+                responder,
+            })
+            .await
+            .unwrap();
+        Rig {
+            kernel,
+            tasks,
+            health,
+            responses,
+            sent: 0,
+        }
+    }
+
+    /// Sends JSON messages, numbered on from the last; returns the last number.
+    async fn send(&mut self, lines: &[&str]) -> u64 {
+        let messages = lines
+            .iter()
+            .map(|line| {
+                let mut msg: crate::wire::felix::ToDataplane =
+                    json::from_str(line).expect("test JSON");
+                self.sent += 1;
+                msg.sequence_number = self.sent;
+                msg
+            })
+            .collect();
+        let input = EngineInput::Messages {
+            id: STREAM,
+            messages,
+        };
+        self.tasks.engine.send(input).await.unwrap();
+        self.sent
+    }
+
+    /// The next response `want` picks, skipping the others.
+    async fn next<T>(&mut self, mut want: impl FnMut(Payload) -> Option<T>) -> T {
+        let wait = async {
+            loop {
+                let response = self.responses.recv().await.expect("stream open");
+                let payload = response.expect("no error").payload.expect("a payload");
+                if let Some(t) = want(payload) {
+                    return t;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .expect("a response within 30 s")
+    }
+
+    async fn batch_covering(&mut self, sequence: u64) -> BatchStatus {
+        self.next(|p| match p {
+            Payload::BatchStatus(s) if s.last_sequence >= sequence => Some(s),
+            _ => None,
+        })
+        .await
+    }
+
+    /// GetState; also waits for the manager task to be done with what came
+    /// before, health included.
+    async fn state(&self) -> DataplaneState {
+        let (reply, answer) = oneshot::channel();
+        let input = EngineInput::GetState { reply };
+        self.tasks.engine.send(input).await.unwrap();
+        answer.await.unwrap()
+    }
+
+    fn request() -> Request<HealthCheckRequest> {
+        Request::new(HealthCheckRequest {
+            service: engine::SERVICE_NAME.into(),
+        })
+    }
+
+    async fn health(&self) -> Status {
+        self.state().await;
+        let response = self.health.check(Rig::request()).await.unwrap();
+        response.into_inner().status()
+    }
+
+    /// Waits until health says `status`.
+    async fn health_becomes(&self, status: Status) {
+        let mut watch = self
+            .health
+            .watch(Rig::request())
+            .await
+            .unwrap()
+            .into_inner();
+        let wait = async {
+            while let Some(update) = watch.next().await {
+                let update: HealthCheckResponse = update.unwrap();
+                if update.status() == status {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .unwrap_or_else(|_| panic!("health not {status:?} within 30 s"));
+    }
+}
+
+const FAILING_ROUTE: &str = r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.64/26", "dstNodeName": "node-b"}}"#;
+const OTHER_ROUTE: &str = r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "VXLAN", "dst": "10.244.1.128/26", "dstNodeName": "node-b"}}"#;
+
+#[tokio::test]
+async fn health_is_not_serving_exactly_while_an_object_fails() {
+    let mut rig = Rig::start().await;
+    assert_eq!(rig.health().await, Status::NotServing, "before InSync");
+    rig.send(CLUSTER).await;
+    rig.send(&[IN_SYNC]).await;
+    rig.next(|p| matches!(p, Payload::DataplaneInSync(_)).then_some(()))
+        .await;
+    assert_eq!(rig.health().await, Status::Serving);
+
+    let bad = "10.244.1.64/26".parse().unwrap();
+    rig.kernel.inject_fault(
+        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == bad),
+        libc::EBUSY,
+    );
+    let failing = rig.send(&[FAILING_ROUTE]).await;
+    let status = rig.batch_covering(failing).await;
+    assert_eq!(status.kernel_errors.len(), 1, "{status:?}");
+    assert_eq!(rig.health().await, Status::NotServing, "the route fails");
+
+    // A batch that goes through, and the retries of the failing route in
+    // between, do not make the dataplane healthy.
+    let other = rig.send(&[OTHER_ROUTE]).await;
+    let status = rig.batch_covering(other).await;
+    assert!(status.kernel_errors.is_empty(), "{status:?}");
+    assert_eq!(
+        rig.health().await,
+        Status::NotServing,
+        "the route still fails"
+    );
+    let state = rig.state().await;
+    assert_eq!(state.failing_objects.len(), 1, "{state:?}");
+    assert!(
+        state.failing_objects[0].object.contains("10.244.1.64/26"),
+        "{state:?}"
+    );
+
+    // The fault clears: the next retry programs the route.
+    rig.kernel.clear_faults();
+    rig.health_becomes(Status::Serving).await;
+    assert!(rig.state().await.failing_objects.is_empty());
+    assert!(rig.kernel.lock().routes.contains_key(&bad));
+    rig.tasks.stop().await;
+}
