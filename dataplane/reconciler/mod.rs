@@ -440,7 +440,8 @@ impl<B: KernelBackend> Reconciler<B> {
         report
     }
 
-    /// Retries failed objects whose backoff has passed.
+    /// Retries failed objects whose backoff has passed, and repairs
+    /// contested ones whose back-off has ended.
     pub async fn retry(&mut self, now: Instant) -> Report {
         self.tables_mut().into_iter().for_each(|t| t.retry_due(now));
         let mut report = Report::default();

@@ -321,21 +321,33 @@ impl<D: Programmable> Table<D> {
         }
     }
 
-    /// Objects whose retry time has come are tried again.
+    /// Objects whose retry time has come, and contested objects whose
+    /// back-off has ended, are made right again (the plan leaves alone
+    /// those the kernel already has right).
     pub fn retry_due(&mut self, now: Instant) {
-        for (key, failure) in &self.failed {
-            if failure.retry_at <= now {
-                if self.desired.contains_key(key) {
-                    self.pending.insert(key.clone());
-                } else {
-                    self.stale.insert(key.clone());
-                }
+        let failed = self
+            .failed
+            .iter()
+            .filter(|(_, f)| f.retry_at <= now)
+            .map(|(key, _)| key);
+        let backed_off = self
+            .contests
+            .iter_mut()
+            .filter_map(|(key, c)| c.until.take_if(|until| *until <= now).map(|_| key));
+        for key in failed.chain(backed_off) {
+            if self.desired.contains_key(key) {
+                self.pending.insert(key.clone());
+            } else {
+                self.stale.insert(key.clone());
             }
         }
     }
 
+    /// When `retry_due` next has something to do.
     pub fn next_retry(&self) -> Option<Instant> {
-        self.failed.values().map(|f| f.retry_at).min()
+        let failed = self.failed.values().map(|f| f.retry_at);
+        let backed_off = self.contests.values().filter_map(|c| c.until);
+        failed.chain(backed_off).min()
     }
 
     /// Objects waiting for their interface are tried again.

@@ -444,9 +444,9 @@ async fn an_unwanted_object_of_ours_that_appears_is_removed_after_in_sync() {
     assert!(!rig.kernel.lock().routes.contains_key(&stray.dst));
 }
 
-#[tokio::test]
-async fn a_fight_over_an_object_backs_off_and_is_reported() {
-    let mut rig = cluster_rig(NexthopMode::On).await;
+/// Another agent deletes the route to 10.244.2.0/26 whenever vxmgr puts
+/// it back, until vxmgr stops; returns how many times vxmgr did.
+async fn fight_over_a_route(rig: &mut Rig) -> u32 {
     let mut rx = rig.reconciler.watch().unwrap();
     let dst = "10.244.2.0/26".parse().unwrap();
     let mut repairs = 0;
@@ -454,10 +454,18 @@ async fn a_fight_over_an_object_backs_off_and_is_reported() {
         let ours = rig.kernel.lock().routes.get(&dst).copied();
         let Some(ours) = ours else { break };
         rig.kernel.interfere(KernelOp::DeleteRoute(ours)).unwrap();
-        notice_all(&mut rig, &mut rx);
+        notice_all(rig, &mut rx);
         let report = rig.reconciler.repair(Instant::now()).await.unwrap();
         repairs += report.added;
     }
+    repairs
+}
+
+#[tokio::test]
+async fn a_fight_over_an_object_backs_off_and_is_reported() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let dst = "10.244.2.0/26".parse().unwrap();
+    let repairs = fight_over_a_route(&mut rig).await;
     assert_eq!(repairs, 5, "five repairs, then vxmgr backs off");
     assert!(!rig.kernel.lock().routes.contains_key(&dst));
     let contested = rig.reconciler.contested(Instant::now());
@@ -474,6 +482,32 @@ async fn a_fight_over_an_object_backs_off_and_is_reported() {
     // The periodic resync, the safety net, still puts it back.
     let report = rig.reconciler.resync().await.unwrap();
     assert_eq!(report.added, 1, "{report:?}");
+}
+
+#[tokio::test]
+async fn a_contested_object_is_repaired_when_its_back_off_ends() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let dst = "10.244.2.0/26".parse().unwrap();
+    fight_over_a_route(&mut rig).await;
+    let fought = Instant::now();
+    assert_eq!(rig.reconciler.contested(fought).len(), 1);
+    let resume = rig
+        .reconciler
+        .next_retry()
+        .expect("the end of the back-off is a wake-up");
+    assert!(resume > fought, "{:?}", resume - fought);
+
+    let report = rig.reconciler.retry(fought).await;
+    assert_eq!(report.operations, 0, "not during the back-off: {report:?}");
+    let report = rig.reconciler.retry(resume).await;
+    assert_eq!(report.added, 1, "{report:?}");
+    assert!(rig.kernel.lock().routes.contains_key(&dst));
+    assert!(rig.reconciler.contested(resume).is_empty());
+    assert_eq!(
+        rig.reconciler.next_retry(),
+        None,
+        "nothing left to wake up for"
+    );
 }
 
 #[tokio::test]
