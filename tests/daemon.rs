@@ -251,6 +251,7 @@ fn bad_flags_are_refused_with_their_value() {
         ("--route-protocol", "256"),
         ("--vxlan-mtu", "67"),
         ("--route-refresh-interval", "soon"),
+        ("--contest-window", "2d"),
     ] {
         let out = Command::new(VXMGRD)
             .args(["--kernel", "memory", flag, value])

@@ -26,7 +26,7 @@ use vxmgr::kernel::objects::{
 };
 use vxmgr::kernel::{KernelBackend, KernelError};
 use vxmgr::model::{Family, MacAddr};
-use vxmgr::reconciler::{ApplyRequest, NexthopMode, Reconciler, ReconcilerOptions};
+use vxmgr::reconciler::{ApplyRequest, CONTEST_WINDOW, NexthopMode, Reconciler, ReconcilerOptions};
 
 use support::netns::{can_run, required};
 use support::say;
@@ -1265,6 +1265,7 @@ async fn new_reconciler(
             nexthops,
             disable_tx_checksum: true,
             route_protocol: PROTOCOL,
+            contest_window: CONTEST_WINDOW,
         },
     )
     .await

@@ -514,7 +514,9 @@ async fn a_fight_with_another_agent_backs_off_and_shows_in_health() {
     if !can_run("a_fight_with_another_agent_backs_off_and_shows_in_health") {
         return;
     }
-    let flags = ["--route-refresh-interval", "0"];
+    // However slow the repairs, they all count as one fight, and the
+    // back-off outlasts the test.
+    let flags = ["--route-refresh-interval", "0", "--contest-window", "1h"];
     let cluster = running_cluster(2, &flags, false);
     let node = cluster.node(1);
     let channel = vxmgr::client::connect(&node.socket).await.unwrap();

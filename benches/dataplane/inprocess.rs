@@ -7,7 +7,7 @@ use vxmgr::config::Config;
 use vxmgr::kernel::KernelBackend;
 use vxmgr::manager::Manager;
 use vxmgr::model::{Family, Update};
-use vxmgr::reconciler::{ApplyRequest, NexthopMode, Reconciler, ReconcilerOptions};
+use vxmgr::reconciler::{ApplyRequest, CONTEST_WINDOW, NexthopMode, Reconciler, ReconcilerOptions};
 use vxmgr::wire::felix::ToDataplane;
 
 use crate::cluster::LOCAL_NODE;
@@ -23,6 +23,7 @@ pub async fn converge<B: KernelBackend>(
         nexthops: NexthopMode::Auto,
         disable_tx_checksum: false,
         route_protocol: Config::default().settings().route_protocol,
+        contest_window: CONTEST_WINDOW,
     };
     let mut reconciler = Reconciler::new(backend, options).await;
     // The daemon adopts the kernel's state before the first stream.

@@ -53,6 +53,11 @@ struct Cli {
     /// Interval of the VXLAN device check (repairs a deleted or changed device).
     #[arg(long, env = "VXMGR_DEVICE_CHECK_INTERVAL", value_parser = humantime::parse_duration, default_value = "10s")]
     device_check_interval: Duration,
+    /// More than 5 repairs of one object (changed by another agent) within
+    /// this window make vxmgr stop repairing it for half the window,
+    /// doubling with each fight up to 30 windows.
+    #[arg(long, env = "VXMGR_CONTEST_WINDOW", value_parser = parse_contest_window, default_value = "10s")]
+    contest_window: Duration,
     /// VXLAN network identifier [default: 4096, or the calc's VXLANVNI].
     #[arg(long, env = "VXMGR_VXLAN_VNI", value_parser = config::parse_vni)]
     vxlan_vni: Option<u32>,
@@ -90,6 +95,15 @@ struct Cli {
     log: String,
 }
 
+/// Up to a day: back-off times stay within what the clock can add.
+fn parse_contest_window(v: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(v) {
+        Ok(d) if d <= Duration::from_secs(86400) => Ok(d),
+        Ok(_) => Err("the contest window is at most a day".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// A setting whose value may be "automatic" or "off" (`None`). Wrapped so
 /// that clap does not read `Option<Option<T>>` as a flag with an optional value.
 #[derive(Clone, Debug)]
@@ -119,6 +133,7 @@ impl Cli {
             batch_interval: self.batch_interval,
             heartbeat_interval: self.heartbeat_interval,
             device_check_interval: self.device_check_interval,
+            contest_window: self.contest_window,
             nexthops: self.nexthop_objects,
             checksum_offload_broken: self.checksum_offload_broken,
             flags: SettingsLayer {

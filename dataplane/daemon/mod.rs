@@ -57,6 +57,8 @@ pub struct DaemonOptions {
     pub batch_interval: Duration,
     pub heartbeat_interval: Duration,
     pub device_check_interval: Duration,
+    /// More than 5 repairs of one object within it make the object contested.
+    pub contest_window: Duration,
     pub nexthops: NexthopMode,
     pub checksum_offload_broken: ChecksumOffloadBroken,
     /// Settings given on the command line: they beat ConfigUpdate.
@@ -183,6 +185,7 @@ impl Tasks {
             nexthops: options.nexthops,
             disable_tx_checksum: checksum_offload_off(options.checksum_offload_broken),
             route_protocol: settings.route_protocol,
+            contest_window: options.contest_window,
         };
 
         // Chunks of messages (up to 1024 each), GetState requests, stream events.

@@ -29,6 +29,7 @@ fn options() -> DaemonOptions {
         // Only the passes a test causes, and retries.
         heartbeat_interval: Duration::from_secs(3600),
         device_check_interval: Duration::from_secs(3600),
+        contest_window: crate::reconciler::CONTEST_WINDOW,
         nexthops: NexthopMode::On,
         checksum_offload_broken: ChecksumOffloadBroken::False,
         flags: SettingsLayer::default(),

@@ -11,7 +11,7 @@ pub(crate) mod tests;
 
 use foldhash::{HashMap, HashSet, HashSetExt};
 use std::net::IpAddr;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
@@ -43,7 +43,14 @@ pub struct ReconcilerOptions {
     pub disable_tx_checksum: bool,
     /// Route protocol until the first batch says otherwise.
     pub route_protocol: u8,
+    /// More than 5 repairs of one object within this window make it
+    /// contested: vxmgr stops repairing it for half the window, doubling
+    /// with each fight up to 30 windows.
+    pub contest_window: Duration,
 }
+
+/// The contest window unless told otherwise.
+pub const CONTEST_WINDOW: Duration = Duration::from_secs(10);
 
 /// One batch from the manager.
 #[derive(Clone, Debug, Default)]
@@ -206,6 +213,7 @@ impl<B: KernelBackend> Reconciler<B> {
             NexthopMode::Auto => backend.supports_nexthops().await,
         };
         info!(use_nexthops, "kernel backend ready");
+        let window = options.contest_window;
         Reconciler {
             backend,
             route_protocol: options.route_protocol,
@@ -214,11 +222,11 @@ impl<B: KernelBackend> Reconciler<B> {
             sweep: false,
             devices: Default::default(),
             nexthop_ids: NexthopIds::default(),
-            nexthops: Table::default(),
-            routes: Table::default(),
-            neighbors: Table::default(),
-            fdb: Table::default(),
-            ipset: Table::default(),
+            nexthops: Table::new(window),
+            routes: Table::new(window),
+            neighbors: Table::new(window),
+            fdb: Table::new(window),
+            ipset: Table::new(window),
             ipsets_present: HashSet::new(),
             unassigned: HashSet::new(),
             links_changed: false,

@@ -106,11 +106,11 @@ const FIRST_RETRY: Duration = Duration::from_millis(250);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
 /// Repairs of one object, prompted by kernel notifications, that make it
-/// contested when they come within `CONTEST_WINDOW`.
+/// contested when they come within the contest window.
 const CONTEST_REPAIRS: u32 = 5;
-const CONTEST_WINDOW: Duration = Duration::from_secs(10);
-const FIRST_CONTEST_BACKOFF: Duration = Duration::from_secs(5);
-const MAX_CONTEST_BACKOFF: Duration = Duration::from_secs(300);
+/// The back-off of a contested object, in contest windows: from half of
+/// one, doubling, up to this many (5 s to 5 min with a 10 s window).
+const MAX_CONTEST_BACKOFF_WINDOWS: u32 = 30;
 
 /// Someone else changing one of our objects again and again.
 #[derive(Clone, Debug)]
@@ -142,10 +142,14 @@ pub struct Table<D: Programmable> {
     /// down: not retried with backoff, but when the links are checked.
     waiting: HashSet<D::Key>,
     contests: HashMap<D::Key, Contest>,
+    contest_window: Duration,
 }
 
-impl<D: Programmable> Default for Table<D> {
-    fn default() -> Self {
+impl<D: Programmable> Table<D> {
+    /// An empty table; more than `CONTEST_REPAIRS` repairs of one object
+    /// within `contest_window` make it contested, and it is then left alone
+    /// for a time in proportion to the window.
+    pub fn new(contest_window: Duration) -> Self {
         Table {
             desired: HashMap::default(),
             actual: HashMap::default(),
@@ -154,11 +158,10 @@ impl<D: Programmable> Default for Table<D> {
             failed: HashMap::default(),
             waiting: HashSet::default(),
             contests: HashMap::default(),
+            contest_window,
         }
     }
-}
 
-impl<D: Programmable> Table<D> {
     pub fn set_desired(&mut self, change: Change<D>) {
         match change.desired {
             Some(d) => {
@@ -269,7 +272,7 @@ impl<D: Programmable> Table<D> {
         if contest.until.is_some_and(|until| now < until) {
             return false;
         }
-        if now.duration_since(contest.since) > CONTEST_WINDOW {
+        if now.duration_since(contest.since) > self.contest_window {
             contest.repairs = 0;
             contest.since = now;
             contest.until = None;
@@ -278,7 +281,11 @@ impl<D: Programmable> Table<D> {
         if contest.repairs <= CONTEST_REPAIRS {
             return true;
         }
-        contest.backoff = (contest.backoff * 2).clamp(FIRST_CONTEST_BACKOFF, MAX_CONTEST_BACKOFF);
+        let window = self.contest_window;
+        contest.backoff = (contest.backoff.saturating_mul(2)).clamp(
+            window / 2,
+            window.saturating_mul(MAX_CONTEST_BACKOFF_WINDOWS),
+        );
         contest.until = Some(now + contest.backoff);
         let (repairs, backoff) = (contest.repairs, contest.backoff);
         let what = self.describe_key(key);
@@ -308,9 +315,9 @@ impl<D: Programmable> Table<D> {
 
     /// Forgets repairs counted before the window: uncontested objects.
     pub fn expire_contests(&mut self, now: Instant) {
+        let window = self.contest_window;
         self.contests.retain(|_, c| {
-            c.until.is_some_and(|until| now < until)
-                || now.duration_since(c.since) <= CONTEST_WINDOW
+            c.until.is_some_and(|until| now < until) || now.duration_since(c.since) <= window
         });
     }
 

@@ -18,6 +18,7 @@ fn options(nexthops: NexthopMode) -> ReconcilerOptions {
         nexthops,
         disable_tx_checksum: false,
         route_protocol: 80,
+        contest_window: CONTEST_WINDOW,
     }
 }
 
