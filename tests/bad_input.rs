@@ -332,13 +332,7 @@ async fn an_oversized_message_is_refused_with_a_clear_status() {
     let mut stream = Stream::open(&daemon).await;
     let big = route(&"9".repeat(5 << 20), "");
     stream.send(vec![message(&big, 1)]).await;
-    let status = loop {
-        match stream.responses.message().await {
-            Err(status) => break status,
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("the stream ended without an error"),
-        }
-    };
+    let status = stream.failure().await;
     assert!(
         status.message().contains("message length too large"),
         "{status:?}"
@@ -389,36 +383,51 @@ async fn junk_on_the_socket_drops_that_connection_only() {
     }
 }
 
-#[tokio::test]
-async fn a_client_that_stops_reading_does_not_stall_the_daemon() {
-    let daemon = Daemon::memory(&["--heartbeat-interval", "1ms"]);
-    // Never read the responses: heartbeats and statuses pile up unread.
-    let stalled = Stream::open(&daemon).await;
-    let mut client = daemon.client().await;
-    for n in 2..=60u64 {
-        let node = format!("node-{n}");
-        let mac = format!("66:aa:00:00:01:{n:02x}");
-        let update = vtep(
-            &node,
-            &mac,
-            &format!("10.244.{n}.0"),
-            &format!("192.168.10.{n}"),
-        );
-        stalled.send(vec![message(&update, n)]).await;
-        // The daemon keeps answering, and keeps applying the stream.
-        let applied = tokio::time::timeout(std::time::Duration::from_secs(30), async {
-            loop {
-                let state = client.get_state(GetStateRequest {}).await.expect("serving");
-                let v4 = state.into_inner().ipv4.unwrap();
-                if v4.remote_vteps.iter().any(|v| v.node == node) {
-                    return;
-                }
-                tokio::task::yield_now().await;
+// Multi-threaded: waiting for the log blocks this thread while the flood
+// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_loses_its_stream_not_the_daemon() {
+    let daemon = Daemon::memory(&["--heartbeat-interval", "1ms", "--response-buffer", "8"]);
+    let mut stalled = Stream::open(&daemon).await;
+    stalled.send(vec![message(NODE_B, 1)]).await;
+    // Never read the responses: rejections of bad messages fill the
+    // connection's buffers, then the stream's, however large they are.
+    let tx = stalled.sender();
+    let bad = route(&"9".repeat(100), "");
+    let flood = tokio::spawn(async move {
+        for n in 2.. {
+            if tx.send(message(&bad, n)).await.is_err() {
+                return;
             }
-        })
-        .await;
-        assert!(applied.is_ok(), "{node} never applied");
-    }
+        }
+    });
+    daemon.wait_for_log(
+        "calc client is not reading its responses: ending its stream",
+        1,
+    );
+    daemon.wait_for_log("calc stream ended", 1);
+    flood.abort();
+
+    let state = daemon
+        .client()
+        .await
+        .get_state(GetStateRequest {})
+        .await
+        .expect("the daemon is alive")
+        .into_inner();
+    let v4 = state.ipv4.unwrap();
+    assert_eq!(v4.remote_vteps.len(), 1, "the kernel state stays");
+    // The slot is free for the next calc process.
+    let mut next = Stream::open(&daemon).await;
+    next.send(vec![message(NODE_B, 1)]).await;
+    next.batch_covering(1).await;
+    // The stalled client, reading at last, learns why its stream ended.
+    let status = stalled.failure().await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("not reading its responses"),
+        "{status:?}"
+    );
 }
 
 #[tokio::test]

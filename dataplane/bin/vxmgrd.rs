@@ -90,6 +90,10 @@ struct Cli {
     /// Turn TX checksum offload off on the VXLAN devices.
     #[arg(long, env = "VXMGR_CHECKSUM_OFFLOAD_BROKEN", value_enum, default_value_t = ChecksumOffloadBroken::Auto)]
     checksum_offload_broken: ChecksumOffloadBroken,
+    /// Responses buffered for a calc stream before its client counts as
+    /// not reading (for tests).
+    #[arg(long, hide = true, default_value_t = vxmgr::server::RESPONSE_BUFFER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
+    response_buffer: usize,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "vxmgr=debug".
     #[arg(long, env = "VXMGR_LOG", default_value = "info")]
     log: String,
@@ -134,6 +138,7 @@ impl Cli {
             heartbeat_interval: self.heartbeat_interval,
             device_check_interval: self.device_check_interval,
             contest_window: self.contest_window,
+            response_buffer: self.response_buffer,
             nexthops: self.nexthop_objects,
             checksum_offload_broken: self.checksum_offload_broken,
             flags: SettingsLayer {

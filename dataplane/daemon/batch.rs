@@ -3,15 +3,11 @@
 
 use std::time::Duration;
 
-use tokio::sync::mpsc;
-
 use crate::reconciler::Report;
+use crate::server::responses::Responder;
 use crate::wire::vxmgr::v1::{
-    BatchResult, BatchStatus, KernelError, ObjectCounts, RejectedMessage, SyncResponse,
+    BatchResult, BatchStatus, KernelError, ObjectCounts, RejectedMessage,
 };
-
-/// Where a stream's responses go.
-pub type Responder = mpsc::Sender<Result<SyncResponse, tonic::Status>>;
 
 /// The messages of a batch, as they are taken in.
 #[derive(Debug)]

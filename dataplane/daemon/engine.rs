@@ -14,15 +14,16 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
-use super::batch::{Batch, Responder};
+use super::batch::Batch;
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
 use crate::manager::{Manager, Outcome};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
+use crate::server::responses::Responder;
 use crate::server::state::dataplane_state;
 use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate, ToDataplane};
 use crate::wire::replay::ReplayWriter;
-use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, SyncResponse, sync_response};
+use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 
 /// The gRPC service name whose health follows the dataplane.
 pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
@@ -338,10 +339,7 @@ impl Engine {
                         "batch applied"
                     );
                     if let Some(responder) = &batch.responder {
-                        send(
-                            responder,
-                            sync_response::Payload::BatchStatus(status.clone()),
-                        );
+                        responder.send(sync_response::Payload::BatchStatus(status.clone()));
                     }
                     self.last_batch = Some(status);
                     batch_responder = batch.responder;
@@ -379,10 +377,7 @@ impl Engine {
                 .and_then(|s| s.responder.as_ref())
                 .or(batch_responder)
             {
-                send(
-                    responder,
-                    sync_response::Payload::DataplaneInSync(DataplaneInSync {}),
-                );
+                responder.send(sync_response::Payload::DataplaneInSync(DataplaneInSync {}));
             }
         }
     }
@@ -410,7 +405,7 @@ impl Engine {
             iso_timestamp: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             uptime: self.started.elapsed().as_secs_f64(),
         };
-        send(responder, sync_response::Payload::Heartbeat(update));
+        responder.send(sync_response::Payload::Heartbeat(update));
     }
 
     fn state(&self) -> DataplaneState {
@@ -422,16 +417,5 @@ impl Engine {
             .cloned()
             .collect();
         dataplane_state(&self.manager, self.last_batch.clone(), &troubled)
-    }
-}
-
-/// Sends without waiting: a client that stops reading must not stall the
-/// daemon. Its stream is closed when its buffer is full.
-fn send(responder: &Responder, payload: sync_response::Payload) {
-    let response = SyncResponse {
-        payload: Some(payload),
-    };
-    if let Err(mpsc::error::TrySendError::Full(_)) = responder.try_send(Ok(response)) {
-        warn!("calc client is not reading its responses; dropping this one");
     }
 }

@@ -59,6 +59,8 @@ pub struct DaemonOptions {
     pub device_check_interval: Duration,
     /// More than 5 repairs of one object within it make the object contested.
     pub contest_window: Duration,
+    /// Responses buffered for a stream before its client counts as not reading.
+    pub response_buffer: usize,
     pub nexthops: NexthopMode,
     pub checksum_offload_broken: ChecksumOffloadBroken,
     /// Settings given on the command line: they beat ConfigUpdate.
@@ -131,7 +133,7 @@ pub async fn run_with_backend<B: KernelBackend>(
     let server = server::serve(
         listener,
         options.allow_uids.clone(),
-        DataplaneService::new(tasks.engine.clone()),
+        DataplaneService::new(tasks.engine.clone(), options.response_buffer),
         health_service,
         async {
             let _ = stop_rx.await;

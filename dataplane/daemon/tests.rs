@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_stream::StreamExt;
 use tonic::Request;
 use tonic_health::pb::health_check_response::ServingStatus as Status;
@@ -15,8 +15,9 @@ use tonic_health::server::{HealthReporter, HealthService};
 use super::*;
 use crate::kernel::objects::KernelOp;
 use crate::reconciler::tests::{CLUSTER, IN_SYNC};
+use crate::server::responses::{self, Responses};
 use crate::wire::json;
-use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, SyncResponse, sync_response::Payload};
+use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response::Payload};
 
 fn options() -> DaemonOptions {
     DaemonOptions {
@@ -30,6 +31,7 @@ fn options() -> DaemonOptions {
         heartbeat_interval: Duration::from_secs(3600),
         device_check_interval: Duration::from_secs(3600),
         contest_window: crate::reconciler::CONTEST_WINDOW,
+        response_buffer: crate::server::RESPONSE_BUFFER,
         nexthops: NexthopMode::On,
         checksum_offload_broken: ChecksumOffloadBroken::False,
         flags: SettingsLayer::default(),
@@ -42,7 +44,7 @@ struct Rig {
     kernel: MemoryBackend,
     tasks: Tasks,
     health: HealthService,
-    responses: mpsc::Receiver<Result<SyncResponse, tonic::Status>>,
+    responses: Responses,
     sent: u64,
 }
 
@@ -57,7 +59,7 @@ impl Rig {
         let tasks = Tasks::start(move || Ok(backend), &options(), None, reporter)
             .await
             .expect("memory kernel");
-        let (responder, responses) = mpsc::channel(64);
+        let (responder, responses) = responses::channel(STREAM, 64);
         tasks
             .engine
             .send(EngineInput::StreamStarted {
@@ -100,7 +102,7 @@ impl Rig {
     async fn next<T>(&mut self, mut want: impl FnMut(Payload) -> Option<T>) -> T {
         let wait = async {
             loop {
-                let response = self.responses.recv().await.expect("stream open");
+                let response = self.responses.next().await.expect("stream open");
                 let payload = response.expect("no error").payload.expect("a payload");
                 if let Some(t) = want(payload) {
                     return t;

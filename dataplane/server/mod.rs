@@ -1,6 +1,7 @@
 //! The gRPC server on the unix socket: the Dataplane service (Sync,
 //! GetState), health and reflection (v1 and v1alpha).
 
+pub mod responses;
 pub mod socket;
 pub mod state;
 
@@ -12,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use futures::StreamExt;
 use tokio::net::UnixListener;
 use tokio::sync::{mpsc, oneshot};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
@@ -21,11 +21,12 @@ use crate::daemon::engine::EngineInput;
 use crate::wire::DESCRIPTOR_SET;
 use crate::wire::felix::ToDataplane;
 use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
-use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest, SyncResponse};
+use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
+use responses::Responses;
 
 /// Responses buffered for a stream before a client that does not read is
 /// considered stuck.
-const RESPONSE_BUFFER: usize = 4096;
+pub const RESPONSE_BUFFER: usize = 4096;
 
 /// Most messages handed to the manager task at once.
 const MESSAGE_CHUNK: usize = 1024;
@@ -38,14 +39,16 @@ pub struct DataplaneService {
     /// Who holds the one Sync stream, if anyone.
     active: Arc<Mutex<Option<String>>>,
     next_stream: AtomicU64,
+    response_buffer: usize,
 }
 
 impl DataplaneService {
-    pub fn new(engine: mpsc::Sender<EngineInput>) -> DataplaneService {
+    pub fn new(engine: mpsc::Sender<EngineInput>, response_buffer: usize) -> DataplaneService {
         DataplaneService {
             engine,
             active: Arc::new(Mutex::new(None)),
             next_stream: AtomicU64::new(1),
+            response_buffer,
         }
     }
 }
@@ -75,7 +78,7 @@ impl Drop for ActiveGuard {
 
 #[tonic::async_trait]
 impl Dataplane for DataplaneService {
-    type SyncStream = ReceiverStream<Result<SyncResponse, Status>>;
+    type SyncStream = Responses;
 
     async fn sync(
         &self,
@@ -93,7 +96,7 @@ impl Dataplane for DataplaneService {
         }
         let guard = ActiveGuard(self.active.clone());
         let id = self.next_stream.fetch_add(1, Ordering::Relaxed);
-        let (responder, responses) = mpsc::channel(RESPONSE_BUFFER);
+        let (responder, responses) = responses::channel(id, self.response_buffer);
         let engine = self.engine.clone();
         if engine
             .send(EngineInput::StreamStarted {
@@ -109,9 +112,19 @@ impl Dataplane for DataplaneService {
         // Messages go to the manager task in the chunks the socket delivers
         // them in: one hand-over per chunk, not per message.
         let mut inbound = request.into_inner().ready_chunks(MESSAGE_CHUNK);
+        let mut cut = Box::pin(responder.cut());
         tokio::spawn(async move {
             let _guard = guard;
-            'stream: while let Some(chunk) = inbound.next().await {
+            loop {
+                // A client cut off for not reading loses its stream, and
+                // the slot goes to the next calc process.
+                let chunk = tokio::select! {
+                    chunk = inbound.next() => chunk,
+                    () = &mut cut => break,
+                };
+                let Some(chunk) = chunk else {
+                    break;
+                };
                 let mut messages = Vec::with_capacity(chunk.len());
                 let mut failure = None;
                 for item in chunk {
@@ -125,17 +138,17 @@ impl Dataplane for DataplaneService {
                 }
                 let input = EngineInput::Messages { id, messages };
                 if engine.send(input).await.is_err() {
-                    break 'stream;
+                    break;
                 }
                 if let Some(status) = failure {
                     warn!(stream = id, %peer, %status, "calc stream failed");
-                    let _ = responder.try_send(Err(status));
-                    break 'stream;
+                    responder.fail(status);
+                    break;
                 }
             }
             let _ = engine.send(EngineInput::StreamEnded { id }).await;
         });
-        Ok(Response::new(ReceiverStream::new(responses)))
+        Ok(Response::new(responses))
     }
 
     async fn get_state(

@@ -260,6 +260,11 @@ impl Stream {
         }
     }
 
+    /// Another way in to the request stream (which stays open while it lives).
+    pub fn sender(&self) -> mpsc::Sender<ToDataplane> {
+        self.tx.clone().expect("send side open")
+    }
+
     /// Ends the request stream (as `grpcurl -d @` does at the end of its
     /// input); responses still come.
     pub fn close_send(&mut self) {
@@ -279,6 +284,17 @@ impl Stream {
         tokio::time::timeout(Duration::from_secs(30), wait)
             .await
             .expect("response within 30 s")
+    }
+
+    /// Reads on until the stream fails; its status.
+    pub async fn failure(&mut self) -> tonic::Status {
+        loop {
+            match self.responses.message().await {
+                Err(status) => return status,
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without an error"),
+            }
+        }
     }
 
     pub async fn batch_covering(&mut self, sequence: u64) {
