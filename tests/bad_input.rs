@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use support::{Daemon, Stream};
 use vxmgr::wire::felix::ToDataplane;
 use vxmgr::wire::json;
-use vxmgr::wire::vxmgr::v1::{GetStateRequest, RejectedMessage, sync_response::Payload};
+use vxmgr::wire::vxmgr::v1::{RejectedMessage, sync_response::Payload};
 
 const NODE_A: &str = r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#;
 const NODE_B: &str = r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#;
@@ -408,13 +408,7 @@ async fn a_client_that_stops_reading_loses_its_stream_not_the_daemon() {
     daemon.wait_for_log("calc stream ended", 1);
     flood.abort();
 
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .expect("the daemon is alive")
-        .into_inner();
+    let state = daemon.state().await;
     let v4 = state.ipv4.unwrap();
     assert_eq!(v4.remote_vteps.len(), 1, "the kernel state stays");
     // The slot is free for the next calc process.
@@ -450,12 +444,6 @@ async fn the_largest_sequence_number_is_reported_and_the_next_one_follows() {
         .send(vec![message(&route("10.244.1.0/26", ""), 0)])
         .await;
     stream.batch_covering(u64::MAX).await;
-    let state = daemon
-        .client()
-        .await
-        .get_state(GetStateRequest {})
-        .await
-        .expect("the daemon is alive")
-        .into_inner();
+    let state = daemon.state().await;
     assert_eq!(state.ipv4.unwrap().remote_vteps.len(), 1);
 }
