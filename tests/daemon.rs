@@ -134,15 +134,7 @@ async fn health_is_not_serving_until_in_sync() {
 
 #[tokio::test]
 async fn a_client_that_half_closes_after_in_sync_still_hears_it() {
-    // The batch closes when the stream ends, not before.
-    let daemon = Daemon::start(&[
-        "--kernel",
-        "memory",
-        "--hostname",
-        "node-a",
-        "--batch-interval",
-        "1h",
-    ]);
+    let daemon = Daemon::memory_batching_until_stream_end();
     let mut stream = Stream::open(&daemon).await;
     stream.send(two_nodes()).await;
     stream.close_send();
@@ -267,16 +259,8 @@ fn bad_flags_are_refused_with_their_value() {
 // test waits for the status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
-    // The batch window never closes by itself: only the end of the stream
-    // closes it, so all four messages are one batch.
-    let daemon = Daemon::start(&[
-        "--kernel",
-        "memory",
-        "--hostname",
-        "node-a",
-        "--batch-interval",
-        "1h",
-    ]);
+    // All four messages are one batch.
+    let daemon = Daemon::memory_batching_until_stream_end();
     let mut stream = Stream::open(&daemon).await;
     let lines = [
         r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,

@@ -52,6 +52,19 @@ impl Daemon {
         Daemon::memory_with_env(extra, &[])
     }
 
+    /// A memory daemon whose batch window never closes by itself: only the
+    /// end of a stream closes it.
+    pub fn memory_batching_until_stream_end() -> Daemon {
+        Daemon::start(&[
+            "--kernel",
+            "memory",
+            "--hostname",
+            "node-a",
+            "--batch-interval",
+            "1h",
+        ])
+    }
+
     /// [`Daemon::memory`] with these variables in vxmgrd's environment.
     pub fn memory_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
         let mut args = vec![
