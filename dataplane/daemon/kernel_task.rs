@@ -70,16 +70,14 @@ pub async fn run<B: KernelBackend>(
             None
         }
     };
-    match reconciler.resync().await {
-        Ok(report) => {
-            info!(
-                added = report.added,
-                changed = report.changed,
-                "start-up resync: adopted the kernel's state"
-            );
-            let _ = events.send(background(&reconciler, report)).await;
-        }
-        Err(e) => warn!(error = %e, "start-up resync failed; will retry at the next refresh"),
+    // A failed resync is logged and retried by the reconciler.
+    if let Ok(report) = reconciler.resync().await {
+        info!(
+            added = report.added,
+            changed = report.changed,
+            "start-up resync: adopted the kernel's state"
+        );
+        let _ = events.send(background(&reconciler, report)).await;
     }
     let mut device_check = interval_at(
         tokio::time::Instant::now() + options.device_check_interval,
@@ -133,16 +131,13 @@ pub async fn run<B: KernelBackend>(
                 if !due {
                     continue;
                 }
-                match reconciler.repair(now).await {
-                    Ok(report) => {
-                        if report.operations > 0 {
-                            info!(added = report.added, changed = report.changed, removed = report.removed, "repaired changes made by others");
-                        }
-                        if events.send(background(&reconciler, report)).await.is_err() {
-                            return;
-                        }
+                if let Ok(report) = reconciler.repair(now).await {
+                    if report.operations > 0 {
+                        info!(added = report.added, changed = report.changed, removed = report.removed, "repaired changes made by others");
                     }
-                    Err(e) => warn!(error = %e, "repair resync failed"),
+                    if events.send(background(&reconciler, report)).await.is_err() {
+                        return;
+                    }
                 }
             }
             _ = sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {
@@ -159,16 +154,13 @@ pub async fn run<B: KernelBackend>(
             }
             _ = sleep_until(next_refresh.unwrap_or_else(Instant::now).into()), if next_refresh.is_some() => {
                 next_refresh = refresh_interval.map(|d| Instant::now() + d);
-                match reconciler.resync().await {
-                    Ok(report) => {
-                        if report.operations > 0 {
-                            info!(added = report.added, changed = report.changed, removed = report.removed, "periodic resync repaired drift");
-                        }
-                        if events.send(background(&reconciler, report)).await.is_err() {
-                            return;
-                        }
+                if let Ok(report) = reconciler.resync().await {
+                    if report.operations > 0 {
+                        info!(added = report.added, changed = report.changed, removed = report.removed, "periodic resync repaired drift");
                     }
-                    Err(e) => warn!(error = %e, "periodic resync failed"),
+                    if events.send(background(&reconciler, report)).await.is_err() {
+                        return;
+                    }
                 }
             }
         }

@@ -36,6 +36,8 @@ pub struct MemoryKernel {
     record: bool,
     next_index: u32,
     faults: Vec<(FaultRule, i32)>,
+    /// Dumps fail with this errno.
+    dump_fault: Option<i32>,
     /// Answers address lookups that match no interface, standing in for a
     /// host's underlay (see `with_underlay`).
     underlay: Option<ParentInterface>,
@@ -157,7 +159,14 @@ impl MemoryBackend {
     }
 
     pub fn clear_faults(&self) {
-        self.lock().faults.clear();
+        let mut k = self.lock();
+        k.faults.clear();
+        k.dump_fault = None;
+    }
+
+    /// Makes every later dump fail with `errno`, until `clear_faults`.
+    pub fn fail_dumps(&self, errno: i32) {
+        self.lock().dump_fault = Some(errno);
     }
 }
 
@@ -412,7 +421,11 @@ impl MemoryKernel {
 
 impl KernelBackend for MemoryBackend {
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
-        Ok(self.lock().owned_state(ownership))
+        let k = self.lock();
+        match k.dump_fault {
+            Some(errno) => Err(KernelError::from_errno(errno)),
+            None => Ok(k.owned_state(ownership)),
+        }
     }
 
     async fn links(&mut self, names: &[String]) -> Result<Vec<Link>, KernelError> {

@@ -137,8 +137,11 @@ pub struct Reconciler<B: KernelBackend> {
     unassigned: HashSet<NexthopKey>,
     /// Notifications said a link or address changed.
     links_changed: bool,
-    /// Notifications were lost.
-    resync_due: bool,
+    /// A full resync is due from this instant: notifications were lost, or
+    /// the last resync failed (then it is retried with backoff).
+    resync_due: Option<Instant>,
+    /// Resyncs that failed in a row.
+    resync_failures: u32,
 }
 
 /// The protocol of routes the kernel makes itself.
@@ -230,7 +233,8 @@ impl<B: KernelBackend> Reconciler<B> {
             ipsets_present: HashSet::new(),
             unassigned: HashSet::new(),
             links_changed: false,
-            resync_due: false,
+            resync_due: None,
+            resync_failures: 0,
         }
     }
 
@@ -359,12 +363,26 @@ impl<B: KernelBackend> Reconciler<B> {
 
     /// Reads everything of ours from the kernel and makes it match: the
     /// start-up adoption, the periodic refresh and the repair after an overrun.
+    /// A resync that cannot read the kernel is logged and tried again with
+    /// backoff (see `next_retry`).
     pub async fn resync(&mut self) -> Result<Report, KernelError> {
         let started = Instant::now();
-        let state = self
+        let dumped = self
             .backend
             .dump(&Ownership::of_vxmgr(self.route_protocol))
-            .await?;
+            .await;
+        let state = match dumped {
+            Ok(state) => state,
+            Err(error) => {
+                self.resync_failures += 1;
+                let wait = table::retry_backoff(self.resync_failures);
+                self.resync_due = Some(Instant::now() + wait);
+                warn!(%error, retry_in_ms = wait.as_millis() as u64, "resync failed: reading the kernel");
+                return Err(error);
+            }
+        };
+        self.resync_failures = 0;
+        self.resync_due = None;
         let mut report = Report::default();
         for family in Family::ALL {
             let slot = &mut self.devices[family as usize];
@@ -451,6 +469,10 @@ impl<B: KernelBackend> Reconciler<B> {
     /// Retries failed objects whose backoff has passed, and repairs
     /// contested ones whose back-off has ended.
     pub async fn retry(&mut self, now: Instant) -> Report {
+        if self.resync_due.is_some_and(|at| at <= now) {
+            // A failed resync is logged by `resync` and tried again later.
+            return self.resync().await.unwrap_or_default();
+        }
         self.tables_mut().into_iter().for_each(|t| t.retry_due(now));
         let mut report = Report::default();
         self.pass(&mut report).await;
@@ -461,6 +483,7 @@ impl<B: KernelBackend> Reconciler<B> {
         self.tables()
             .into_iter()
             .filter_map(|t| t.next_retry())
+            .chain(self.resync_due)
             .min()
     }
 
@@ -609,7 +632,7 @@ impl<B: KernelBackend> Reconciler<B> {
             }
             Notification::Overrun => {
                 warn!("kernel notifications were lost: resyncing");
-                self.resync_due = true;
+                self.resync_due = Some(now);
                 true
             }
         }
@@ -656,7 +679,7 @@ impl<B: KernelBackend> Reconciler<B> {
         self.tables_mut()
             .into_iter()
             .for_each(|t| t.expire_contests(now));
-        if std::mem::take(&mut self.resync_due) {
+        if self.resync_due.is_some_and(|at| at <= now) {
             self.links_changed = false;
             return self.resync().await;
         }

@@ -105,6 +105,14 @@ pub struct Failure {
 const FIRST_RETRY: Duration = Duration::from_millis(250);
 const MAX_RETRY: Duration = Duration::from_secs(30);
 
+/// How long to wait before attempt `attempts + 1` of something that failed
+/// `attempts` times in a row.
+pub(super) fn retry_backoff(attempts: u32) -> Duration {
+    FIRST_RETRY
+        .saturating_mul(1 << attempts.saturating_sub(1).min(16))
+        .min(MAX_RETRY)
+}
+
 /// Repairs of one object, prompted by kernel notifications, that make it
 /// contested when they come within the contest window.
 const CONTEST_REPAIRS: u32 = 5;
@@ -466,9 +474,7 @@ impl<D: Programmable> Table<D> {
             }
             Err(error) => {
                 let attempts = self.failed.get(&planned.key).map_or(0, |f| f.attempts) + 1;
-                let backoff = FIRST_RETRY
-                    .saturating_mul(1 << (attempts - 1).min(16))
-                    .min(MAX_RETRY);
+                let backoff = retry_backoff(attempts);
                 let what = self.describe(&planned);
                 self.failed.insert(
                     planned.key,

@@ -718,3 +718,24 @@ async fn a_failed_ipset_update_is_retried_as_a_full_replace() {
     );
     assert_eq!(k.ipsets["cali40all-vxlan-net"].len(), 3);
 }
+
+#[tokio::test]
+async fn a_resync_that_cannot_read_the_kernel_is_tried_again() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let dst = "10.244.2.0/26".parse().unwrap();
+    rig.kernel.lock().routes.remove(&dst);
+    rig.kernel.fail_dumps(libc::ENOBUFS);
+    let noticed = Instant::now();
+    assert!(rig.reconciler.notice(Notification::Overrun, noticed));
+    assert!(rig.reconciler.repair(noticed).await.is_err());
+    let retry_at = rig.reconciler.next_retry().expect("the resync is retried");
+    assert!(retry_at > noticed, "with backoff");
+    // Still failing: tried again later.
+    rig.reconciler.retry(retry_at).await;
+    let later = rig.reconciler.next_retry().expect("the resync is retried");
+    assert!(later > retry_at, "with a longer backoff");
+    rig.kernel.clear_faults();
+    let report = rig.reconciler.retry(later).await;
+    assert_eq!(report.added, 1, "{report:?}");
+    assert_eq!(rig.reconciler.next_retry(), None);
+}

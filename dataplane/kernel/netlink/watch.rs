@@ -84,10 +84,7 @@ async fn forward(socket: AsyncFd<Socket>, tx: mpsc::UnboundedSender<Notification
         let open = match received {
             // A datagram that did not fit is lost, as in an overrun.
             Ok(len) if len > buffer.capacity() => send(Notification::Overrun),
-            Ok(_) => raw::messages(&buffer)
-                .map_while(Result::ok)
-                .filter_map(notification)
-                .all(send),
+            Ok(_) => notifications_in(&buffer).all(send),
             Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => send(Notification::Overrun),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
             Err(e) => {
@@ -99,6 +96,23 @@ async fn forward(socket: AsyncFd<Socket>, tx: mpsc::UnboundedSender<Notification
             return;
         }
     }
+}
+
+/// The notifications in one datagram. Messages of other kinds are
+/// skipped; a message whose framing is broken takes the rest of the
+/// datagram with it, which is lost as in an overrun.
+fn notifications_in(datagram: &[u8]) -> impl Iterator<Item = Notification> + '_ {
+    let mut broken = false;
+    raw::messages(datagram)
+        .map_while(move |message| match message {
+            _ if broken => None,
+            Ok(message) => Some(notification(message)),
+            Err(_) => {
+                broken = true;
+                Some(Some(Notification::Overrun))
+            }
+        })
+        .flatten()
 }
 
 fn notification(message: Message<'_>) -> Option<Notification> {
@@ -166,10 +180,7 @@ mod tests {
     }
 
     fn parsed(datagram: &[u8]) -> Vec<Notification> {
-        raw::messages(datagram)
-            .map_while(Result::ok)
-            .filter_map(notification)
-            .collect()
+        notifications_in(datagram).collect()
     }
 
     #[test]
@@ -197,5 +208,18 @@ mod tests {
     fn a_short_link_message_is_skipped() {
         let datagram = message(RTM_NEWLINK, 0, 0, &[0; 8]);
         assert_eq!(parsed(&datagram), []);
+    }
+
+    #[test]
+    fn a_broken_message_loses_the_rest_of_its_datagram_as_an_overrun() {
+        let down = ifinfomsg(7, 0, libc::IFF_UP as u32);
+        let mut datagram = message(RTM_NEWLINK, 0, 0, &down);
+        let second = message(RTM_NEWLINK, 0, 0, &down);
+        // The second message's header claims more bytes than follow.
+        datagram.extend(&second[..second.len() - 4]);
+        assert_eq!(
+            parsed(&datagram),
+            [Notification::LinkDown { index: 7 }, Notification::Overrun]
+        );
     }
 }
