@@ -5,6 +5,7 @@ pub mod client;
 pub mod config;
 pub mod daemon;
 pub mod desired;
+pub mod fuzzing;
 pub mod kernel;
 pub mod manager;
 pub mod model;

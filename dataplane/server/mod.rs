@@ -18,10 +18,10 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
 use crate::daemon::engine::EngineInput;
-use crate::wire::DESCRIPTOR_SET;
 use crate::wire::felix::ToDataplane;
 use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
 use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
+use crate::wire::{DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
 use responses::Responses;
 
 /// Responses buffered for a stream before a client that does not read is
@@ -30,9 +30,6 @@ pub const RESPONSE_BUFFER: usize = 4096;
 
 /// Most messages handed to the manager task at once.
 const MESSAGE_CHUNK: usize = 1024;
-
-/// Largest message accepted from a client.
-pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
 
 pub struct DataplaneService {
     engine: mpsc::Sender<EngineInput>,

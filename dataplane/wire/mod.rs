@@ -13,6 +13,10 @@ pub mod vxmgr {
     }
 }
 
+/// Largest message accepted, from a client of the socket or from a replay
+/// file.
+pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
 /// Encoded `FileDescriptorSet` of proto/: serves gRPC reflection and the
 /// proto3 JSON codecs.
 pub const DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vxmgr_descriptor.bin"));

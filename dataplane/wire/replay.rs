@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use prost::Message;
 
 use super::felix::ToDataplane;
-use super::json;
+use super::{MAX_MESSAGE_BYTES, json};
 
-/// Frames larger than this are refused rather than allocated.
-pub const MAX_FRAME: u64 = 16 << 20;
+/// Frames larger than this are refused: the daemon would refuse the message.
+pub const MAX_FRAME: u64 = MAX_MESSAGE_BYTES as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplayFormat {
@@ -131,12 +131,17 @@ fn read_framed(path: &Path, mut reader: impl Read) -> Result<Vec<ToDataplane>, R
                 len,
             });
         }
-        let mut body = vec![0u8; len as usize];
-        let got = read_up_to(&mut reader, &mut body).map_err(|source| ReplayError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        if got < body.len() {
+        // The body grows as its bytes arrive: a length prefix alone,
+        // however large, allocates nothing.
+        let mut body = Vec::new();
+        let got = (&mut reader)
+            .take(len)
+            .read_to_end(&mut body)
+            .map_err(|source| ReplayError::Io {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        if (got as u64) < len {
             return Err(ReplayError::Truncated {
                 path: path.to_path_buf(),
                 offset,
@@ -260,5 +265,17 @@ mod tests {
         let huge = (MAX_FRAME + 1).to_le_bytes();
         let err = read_framed(Path::new("cap.bin"), huge.as_slice()).unwrap_err();
         assert!(err.to_string().contains("over the"), "{err}");
+    }
+
+    #[test]
+    fn a_length_prefix_beyond_the_input_is_truncated_not_read() {
+        let mut claim = MAX_FRAME.to_le_bytes().to_vec();
+        claim.extend_from_slice(&[0x7a; 10]);
+        let err = read_framed(Path::new("cap.bin"), claim.as_slice()).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("truncated frame at byte 0: length says 4194304 bytes, 10 remain"),
+            "{err}"
+        );
     }
 }

@@ -1,12 +1,5 @@
-//! Felix-framed replay decoding: any bytes give messages or an error, never
-//! a panic or an allocation the length prefix alone asks for.
+//! Felix-framed replay decoding; the property is
+//! `vxmgr::fuzzing::replay_framed`'s.
 #![no_main]
 
-use std::path::Path;
-
-use libfuzzer_sys::fuzz_target;
-use vxmgr::wire::replay::{ReplayFormat, read};
-
-fuzz_target!(|data: &[u8]| {
-    let _ = read(Path::new("fuzz.bin"), ReplayFormat::Framed, data);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| vxmgr::fuzzing::replay_framed(data));
