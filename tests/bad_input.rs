@@ -268,19 +268,12 @@ async fn every_bad_message_is_rejected_by_value_and_its_neighbours_apply() {
     }
     let last = messages.last().unwrap().sequence_number;
     stream.send(messages).await;
-    let mut rejected: Vec<RejectedMessage> = Vec::new();
-    loop {
-        let status = stream
-            .next(|p| match p {
-                Payload::BatchStatus(s) => Some(s),
-                _ => None,
-            })
-            .await;
-        rejected.extend(status.rejected);
-        if status.last_sequence >= last {
-            break;
-        }
-    }
+    let rejected: Vec<RejectedMessage> = stream
+        .statuses_until(last)
+        .await
+        .into_iter()
+        .flat_map(|s| s.rejected)
+        .collect();
     for (what, sequence, quoted) in &expected {
         let found = rejected.iter().find(|r| r.sequence_number == *sequence);
         let Some(r) = found else {

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::netns::{binaries, can_run, cluster};
-use vxmgr::testbed::{self, Cluster, Monitor};
+use vxmgr::model::Family;
+use vxmgr::testbed::{self, Census, Cluster, Monitor, census};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -52,42 +53,9 @@ fn rx_packets(ns: &str, dev: &str) -> u64 {
         .expect("rx packets")
 }
 
-/// Our routes as `dst kind target`, sorted.
-fn routes(ns: &str, family: &str) -> BTreeSet<String> {
-    ip_json(ns, &[family, "route", "show", "proto", "80"])
-        .as_array()
-        .expect("route list")
-        .iter()
-        .map(|r| {
-            let dst = r["dst"].as_str().unwrap();
-            let mtu = r["metrics"]
-                .as_array()
-                .and_then(|m| m.iter().find_map(|x| x["mtu"].as_u64()))
-                .map(|m| format!(" mtu {m}"))
-                .unwrap_or_default();
-            let onlink = r["flags"]
-                .as_array()
-                .is_some_and(|f| f.iter().any(|x| x == "onlink"));
-            let nhid = if r["nhid"].is_null() { "" } else { " nhid" };
-            match (r["type"].as_str(), r["gateway"].as_str()) {
-                (Some("blackhole"), _) => format!("blackhole {dst}"),
-                (_, Some(gw)) => format!(
-                    "{dst}{nhid} via {gw} dev {}{}{mtu}",
-                    r["dev"].as_str().unwrap(),
-                    if onlink { " onlink" } else { "" }
-                ),
-                // iproute2 shows the scope of IPv4 routes only.
-                _ => format!(
-                    "{dst} dev {}{}{mtu}",
-                    r["dev"].as_str().unwrap(),
-                    r["scope"]
-                        .as_str()
-                        .map(|s| format!(" scope {s}"))
-                        .unwrap_or_default()
-                ),
-            }
-        })
-        .collect()
+/// Our routes of `family`, described as the census does.
+fn routes(ns: &str, family: Family) -> BTreeSet<String> {
+    census::routes(ns, family).unwrap()
 }
 
 fn set(items: &[&str]) -> BTreeSet<String> {
@@ -95,13 +63,7 @@ fn set(items: &[&str]) -> BTreeSet<String> {
 }
 
 fn ipset_members(ns: &str, set: &str) -> BTreeSet<String> {
-    let out = run_in(ns, &["ipset", "list", set]);
-    out.lines()
-        .skip_while(|l| !l.starts_with("Members:"))
-        .skip(1)
-        .filter(|l| !l.is_empty())
-        .map(|l| l.trim().to_string())
-        .collect()
+    census::ipset_members(ns, set).unwrap()
 }
 
 fn ping(ns: &str, target: &str) -> bool {
@@ -152,7 +114,7 @@ fn exact_kernel_state_for_a_felix_scenario() {
     );
 
     assert_eq!(
-        routes(ns, "-4"),
+        routes(ns, Family::V4),
         set(&[
             "blackhole 10.244.1.0/26",
             "10.244.2.0/26 nhid via 10.244.2.0 dev vxlan.calico onlink mtu 1450",
@@ -162,7 +124,7 @@ fn exact_kernel_state_for_a_felix_scenario() {
         ])
     );
     assert_eq!(
-        routes(ns, "-6"),
+        routes(ns, Family::V6),
         set(&[
             "blackhole fd00:244:0:1::/122",
             "fd00:244:0:2::/122 nhid via fd00:244:0:2:: dev vxlan-v6.calico onlink mtu 1430",
@@ -265,8 +227,10 @@ fn same_subnet_routes_carry_traffic_without_encapsulation() {
     }
     let cluster = running_cluster(2, &[], true);
     let (a, b) = (cluster.node(1), cluster.node(2));
-    assert!(routes(&a.ns, "-4").contains("10.244.2.0/26 via 192.168.10.2 dev eth0 onlink"));
-    assert!(routes(&a.ns, "-6").contains("fd00:244:0:2::/122 via fd00:10::2 dev eth0 onlink"));
+    assert!(routes(&a.ns, Family::V4).contains("10.244.2.0/26 via 192.168.10.2 dev eth0 onlink"));
+    assert!(
+        routes(&a.ns, Family::V6).contains("fd00:244:0:2::/122 via fd00:10::2 dev eth0 onlink")
+    );
     for (dev, target) in [
         ("vxlan.calico", b.pod_v4()),
         ("vxlan-v6.calico", b.pod_v6()),
@@ -324,7 +288,7 @@ fn a_reconnect_with_a_smaller_world_sweeps_exactly_the_stale_objects() {
         "nothing is added or replaced: {ours:#?}"
     );
     assert_eq!(
-        routes(&a.ns, "-4"),
+        routes(&a.ns, Family::V4),
         set(&[
             "blackhole 10.244.1.0/26",
             "10.244.2.0/26 nhid via 10.244.2.0 dev vxlan.calico onlink mtu 1450",
@@ -348,7 +312,7 @@ fn a_restarted_daemon_deletes_and_re_adds_nothing() {
     }
     let mut cluster = running_cluster(2, &[], false);
     let ns = cluster.node(1).ns.clone();
-    let before = routes(&ns, "-4");
+    let before = routes(&ns, Family::V4);
     let mut monitor = Monitor::start(&ns, &["neigh", "nexthop"]).unwrap();
     let status = cluster.node_mut(1).stop_daemon(libc::SIGTERM).unwrap();
     assert!(status.success(), "SIGTERM stops cleanly: {status}");
@@ -367,7 +331,7 @@ fn a_restarted_daemon_deletes_and_re_adds_nothing() {
         .filter(|l| l.contains("vxlan") || l.contains("proto 80"))
         .collect();
     assert!(ours.is_empty(), "the restart changed the kernel: {ours:#?}");
-    assert_eq!(routes(&ns, "-4"), before);
+    assert_eq!(routes(&ns, Family::V4), before);
 }
 
 #[test]
@@ -595,28 +559,6 @@ fn big_view(cluster: &Cluster, extra: u32) -> Vec<String> {
     view
 }
 
-/// Counts of our objects on node 1: routes (v4), nexthops, neighbours, FDB
-/// entries, ipset members.
-fn census(ns: &str) -> [usize; 5] {
-    let count = |v: Value| v.as_array().map_or(0, Vec::len);
-    let fdb: Value = serde_json::from_str(&run_in(
-        ns,
-        &["bridge", "-j", "fdb", "show", "dev", "vxlan.calico"],
-    ))
-    .unwrap();
-    [
-        count(ip_json(ns, &["-4", "route", "show", "proto", "80"])),
-        count(ip_json(ns, &["nexthop", "show", "proto", "80"])),
-        count(ip_json(ns, &["neigh", "show", "dev", "vxlan.calico"])),
-        fdb.as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["state"] == "permanent" && !e["dst"].is_null())
-            .count(),
-        ipset_members(ns, "cali40all-vxlan-net").len(),
-    ]
-}
-
 #[test]
 fn a_daemon_killed_at_any_point_converges_after_a_restart() {
     if !can_run("a_daemon_killed_at_any_point_converges_after_a_restart") {
@@ -631,9 +573,13 @@ fn a_daemon_killed_at_any_point_converges_after_a_restart() {
         .replay_ok(&cluster.dir, "big", &view)
         .unwrap();
     let ns = cluster.node(1).ns.clone();
-    let converged = census(&ns);
-    // 1 blackhole, 2 for node-2, 1000 fake blocks; nexthops in both families.
-    assert_eq!(converged, [1003, 1002, 1001, 1001, 1001]);
+    let converged = Census::of(&ns).unwrap();
+    // IPv4: 1 blackhole, 2 for node-2, 1000 fake blocks; IPv6: node-2's.
+    assert_eq!(
+        converged.counts(),
+        [1003 + 3, 1002, 1002, 1002, 1002],
+        "{converged}"
+    );
 
     for kill_after in [0usize, 1, 3] {
         // Restart from scratch each round: a world of node-2 only, then the
@@ -664,7 +610,12 @@ fn a_daemon_killed_at_any_point_converges_after_a_restart() {
             .node(1)
             .replay_ok(&cluster.dir, "again", &view)
             .unwrap();
-        assert_eq!(census(&ns), converged, "killed after {kill_after} statuses");
+        let differences = converged.differences(&Census::of(&ns).unwrap());
+        assert!(
+            differences.is_empty(),
+            "killed after {kill_after} statuses (first: converged, second: after the restart):\n{}",
+            differences.join("\n")
+        );
     }
     assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));
 }
@@ -693,7 +644,7 @@ fn a_calc_process_that_disconnects_mid_snapshot_removes_nothing() {
         "nothing changes before an InSync: {ours:#?}"
     );
     assert!(
-        routes(&a.ns, "-4")
+        routes(&a.ns, Family::V4)
             .iter()
             .any(|r| r.starts_with("10.244.3.0/26"))
     );
@@ -721,7 +672,7 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
     // notification.
     let cluster = running_cluster(2, &NOTIFICATIONS_ONLY, false);
     let ns = &cluster.node(1).ns;
-    let before = [routes(ns, "-4"), routes(ns, "-6")];
+    let before = [routes(ns, Family::V4), routes(ns, Family::V6)];
     let (pod, remote) = (cluster.node(1).pod_ns(), cluster.node(2));
     let mut monitor = Monitor::start(ns, &["neigh", "nexthop"]).unwrap();
     // Down and up again at once: only the link's notification tells.
@@ -741,7 +692,7 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
             "10.244.2.0 dev vxlan.calico lladdr",
         ],
     );
-    assert_eq!(routes(ns, "-4"), before[0]);
+    assert_eq!(routes(ns, Family::V4), before[0]);
     assert!(ping(&pod, &remote.pod_v4()));
 
     // IPv6 routes and the device's address go with a notification each.
@@ -756,7 +707,7 @@ fn a_device_set_down_gets_the_routes_the_kernel_dropped_back() {
             "fd00:244:0:2:: dev vxlan-v6.calico lladdr",
         ],
     );
-    assert_eq!(routes(ns, "-6"), before[1]);
+    assert_eq!(routes(ns, Family::V6), before[1]);
     let addrs = addresses(ns, "vxlan-v6.calico");
     assert!(
         addrs.contains(&"fd00:244:0:1::/128 global".to_string()),
@@ -774,7 +725,7 @@ fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
     let a = cluster.node(1);
     // The IPv6 parent address stays on eth0 while it is down.
     testbed::sh(&a.ns, "sysctl -q -w net.ipv6.conf.eth0.keep_addr_on_down=1").unwrap();
-    let before = [routes(&a.ns, "-4"), routes(&a.ns, "-6")];
+    let before = [routes(&a.ns, Family::V4), routes(&a.ns, Family::V6)];
     let mut monitor = Monitor::start(&a.ns, &[]).unwrap();
     run_in(&a.ns, &["ip", "link", "set", "eth0", "down"]);
     // A batch while the parent is down: its routes wait, no error.
@@ -788,7 +739,10 @@ fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
             "fd00:244:0:2::/122 via fd00:10::2 dev eth0",
         ],
     );
-    assert_eq!([routes(&a.ns, "-4"), routes(&a.ns, "-6")], before);
+    assert_eq!(
+        [routes(&a.ns, Family::V4), routes(&a.ns, Family::V6)],
+        before
+    );
     let log = a.log_text();
     assert!(!log.contains("kernel operation failed"), "{log}");
     assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v4()));

@@ -1,19 +1,14 @@
 //! churn: on a daemon converged on N nodes, nodes join, change their VTEP
 //! and leave, one operation at a time on the open stream.
 
-use std::collections::BTreeMap;
-use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use anyhow::{Context, Result, ensure};
+use anyhow::{Result, ensure};
 
-use vxmgr::wire::felix::{
-    RouteRemove, ToDataplane, VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate,
-    to_dataplane::Payload,
-};
+use vxmgr::testbed::churn::{leave, split, vtep_changes};
 
 use crate::Bench;
-use crate::cluster::{node_index, node_of};
+use crate::cluster::LOCAL_NODE;
 use crate::daemon::Vxmgrd;
 use crate::netns::Netns;
 use crate::report::{Table, median, millis, quantile, ratio};
@@ -138,7 +133,7 @@ fn churn(bench: &Bench, nodes: u32) -> Result<Samples> {
     // The joining nodes come from a larger generated cluster, so they are
     // addressed exactly as the others.
     let (snapshot, joiners) = split(bench.clusters.messages(nodes + ops)?, nodes);
-    let changes = vtep_changes(&snapshot, ops as usize)?;
+    let changes = vtep_changes(&snapshot, LOCAL_NODE, ops as usize)?;
     let netns = Netns::with_underlay()?;
     // No periodic resync: one landing among the operations would be
     // measured as their cost.
@@ -162,94 +157,4 @@ fn churn(bench: &Bench, nodes: u32) -> Result<Samples> {
     })?;
     eprintln!("churn: {nodes} nodes: {ops} operations of each kind done");
     Ok(samples)
-}
-
-/// The view of the first `nodes` nodes (ending with InSync), and each
-/// further node's messages: its VTEP, then its routes.
-pub(crate) fn split(
-    world: Vec<ToDataplane>,
-    nodes: u32,
-) -> (Vec<ToDataplane>, Vec<Vec<ToDataplane>>) {
-    let mut snapshot = Vec::new();
-    let mut joiners: BTreeMap<u32, Vec<ToDataplane>> = BTreeMap::new();
-    for msg in world {
-        match node_of(&msg).and_then(node_index) {
-            Some(i) if i >= nodes => joiners.entry(i).or_default().push(msg),
-            _ => snapshot.push(msg),
-        }
-    }
-    (snapshot, joiners.into_values().collect())
-}
-
-/// A node leaving: its routes removed, then its VTEP.
-pub(crate) fn leave(joiner: &[ToDataplane]) -> Result<Vec<ToDataplane>> {
-    let mut node = None;
-    let mut messages = Vec::new();
-    for msg in joiner {
-        match &msg.payload {
-            Some(Payload::VtepUpdate(v)) => node = Some(v.node.clone()),
-            Some(Payload::RouteUpdate(r)) => {
-                messages.push(message(Payload::RouteRemove(RouteRemove {
-                    dst: r.dst.clone(),
-                })))
-            }
-            _ => {}
-        }
-    }
-    let node = node.context("a joining node without a VTEP")?;
-    messages.push(message(Payload::VtepRemove(VxlanTunnelEndpointRemove {
-        node,
-    })));
-    Ok(messages)
-}
-
-/// `count` remote nodes spread over the cluster, each moving its VTEP to
-/// the next tunnel address and another MAC.
-pub(crate) fn vtep_changes(snapshot: &[ToDataplane], count: usize) -> Result<Vec<ToDataplane>> {
-    let remotes: Vec<&VxlanTunnelEndpointUpdate> = snapshot
-        .iter()
-        .filter_map(|m| match &m.payload {
-            Some(Payload::VtepUpdate(v)) if node_index(&v.node) != Some(0) => Some(v),
-            _ => None,
-        })
-        .collect();
-    ensure!(
-        remotes.len() >= count,
-        "too few remote nodes for {count} VTEP changes"
-    );
-    (0..count)
-        .map(|j| {
-            let v = remotes[j * remotes.len() / count];
-            let tunnel: Ipv4Addr = v.ipv4_addr.parse()?;
-            Ok(message(Payload::VtepUpdate(VxlanTunnelEndpointUpdate {
-                ipv4_addr: Ipv4Addr::from(u32::from(tunnel) + 1).to_string(),
-                mac: other_mac(&v.mac)?,
-                ..v.clone()
-            })))
-        })
-        .collect()
-}
-
-/// The MAC with one bit of its second byte flipped: still unicast and
-/// locally administered, and unlike every generated MAC.
-fn other_mac(mac: &str) -> Result<String> {
-    let mut bytes = mac
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<Result<Vec<u8>, _>>()
-        .with_context(|| format!("MAC {mac}"))?;
-    ensure!(bytes.len() == 6, "MAC {mac}");
-    bytes[1] ^= 1;
-    Ok(bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":"))
-}
-
-fn message(payload: Payload) -> ToDataplane {
-    ToDataplane {
-        sequence_number: 0,
-        payload: Some(payload),
-    }
 }

@@ -1,19 +1,18 @@
 //! Synthetic clusters from `calc-stub generate` (node-0's view of N nodes ×
-//! 4 blocks), and the plain facts of a view that the iproute2 baseline and
-//! the churn scenario need.
+//! 4 blocks), and the plain facts of a view that the iproute2 baseline
+//! needs.
 
 use std::collections::HashMap;
-use std::process::Command;
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use tempfile::TempDir;
 
+use vxmgr::testbed::churn::generate;
 use vxmgr::wire::felix::{
     RouteType, ToDataplane, VxlanTunnelEndpointUpdate, to_dataplane::Payload,
 };
 use vxmgr::wire::replay::read_file;
-
-use crate::netns::run;
 
 pub const CALC_STUB: &str = env!("CARGO_BIN_EXE_calc-stub");
 pub const BLOCKS_PER_NODE: u32 = 4;
@@ -35,29 +34,18 @@ impl Clusters {
     /// config, every VTEP, every block and tunnel address, InSync.
     pub fn messages(&self, nodes: u32) -> Result<Vec<ToDataplane>> {
         let path = self.dir.path().join(format!("cluster-{nodes}.bin"));
-        if !path.exists() {
-            run(Command::new(CALC_STUB)
-                .args(["generate", "--nodes", &nodes.to_string()])
-                .args(["--blocks-per-node", &BLOCKS_PER_NODE.to_string()])
-                .arg("-o")
-                .arg(&path))?;
+        if path.exists() {
+            return read_file(&path).with_context(|| format!("reading {}", path.display()));
         }
-        read_file(&path).with_context(|| format!("reading {}", path.display()))
+        Ok(generate(
+            Path::new(CALC_STUB),
+            &path,
+            nodes,
+            BLOCKS_PER_NODE,
+            LOCAL_NODE,
+            false,
+        )?)
     }
-}
-
-/// The node a VTEP or route message is about.
-pub fn node_of(msg: &ToDataplane) -> Option<&str> {
-    match msg.payload.as_ref()? {
-        Payload::VtepUpdate(v) => Some(&v.node),
-        Payload::RouteUpdate(r) => Some(&r.dst_node_name),
-        _ => None,
-    }
-}
-
-/// A node's index in a generated cluster (`node-<i>`).
-pub fn node_index(name: &str) -> Option<u32> {
-    name.strip_prefix("node-")?.parse().ok()
 }
 
 /// One node's VXLAN tunnel endpoint (IPv4).

@@ -4,12 +4,16 @@
 //! namespace tests, the benchmarks and `calc-stub demo` all build on it.
 //! Needs root.
 
+pub mod census;
+pub mod churn;
 mod cluster;
 mod monitor;
 
 use std::io;
 use std::process::{Command, Output};
 
+pub use census::Census;
+pub use churn::Churn;
 pub use cluster::{Binaries, Cluster, Node};
 pub use monitor::Monitor;
 
@@ -33,6 +37,8 @@ pub enum TestbedError {
         timeout: std::time::Duration,
         seen: String,
     },
+    #[error("churn: {0}")]
+    Churn(String),
     #[error("{0}")]
     Io(#[from] io::Error),
 }

@@ -15,7 +15,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use vxmgr::wire::felix::ToDataplane;
 use vxmgr::wire::vxmgr::v1::{
-    DataplaneState, GetStateRequest, SyncResponse, sync_response::Payload,
+    BatchStatus, DataplaneState, GetStateRequest, SyncResponse, sync_response::Payload,
 };
 
 pub const VXMGRD: &str = env!("CARGO_BIN_EXE_vxmgrd");
@@ -248,14 +248,21 @@ pub mod netns;
 pub struct Stream {
     tx: Option<mpsc::Sender<ToDataplane>>,
     pub responses: tonic::Streaming<SyncResponse>,
+    /// The sequence number `apply` gives its next message.
+    next_sequence: u64,
 }
 
 impl Stream {
     pub async fn open(daemon: &Daemon) -> Stream {
+        Stream::connect(&daemon.socket).await
+    }
+
+    /// Opens a Sync stream to the daemon on `socket`.
+    pub async fn connect(socket: &Path) -> Stream {
         let (tx, rx) = mpsc::channel(64);
-        let responses = daemon
-            .client()
+        let responses = vxmgr::client::dataplane(socket)
             .await
+            .expect("connect to vxmgrd")
             .sync(ReceiverStream::new(rx))
             .await
             .expect("Sync accepted")
@@ -263,6 +270,7 @@ impl Stream {
         Stream {
             tx: Some(tx),
             responses,
+            next_sequence: 1,
         }
     }
 
@@ -282,6 +290,41 @@ impl Stream {
     /// input); responses still come.
     pub fn close_send(&mut self) {
         self.tx = None;
+    }
+
+    /// Sends `messages` numbered on from the previous ones `apply` sent,
+    /// and returns the batch statuses up to the one covering the last.
+    pub async fn apply(&mut self, messages: Vec<ToDataplane>) -> Vec<BatchStatus> {
+        let first = self.next_sequence;
+        let last = first + messages.len() as u64 - 1;
+        self.next_sequence = last + 1;
+        let numbered = (first..)
+            .zip(messages)
+            .map(|(sequence, mut msg)| {
+                msg.sequence_number = sequence;
+                msg
+            })
+            .collect();
+        self.send(numbered).await;
+        self.statuses_until(last).await
+    }
+
+    /// The batch statuses up to the one covering message `last`.
+    pub async fn statuses_until(&mut self, last: u64) -> Vec<BatchStatus> {
+        let mut statuses = Vec::new();
+        loop {
+            let status = self
+                .next(|p| match p {
+                    Payload::BatchStatus(s) => Some(s),
+                    _ => None,
+                })
+                .await;
+            let done = status.last_sequence >= last;
+            statuses.push(status);
+            if done {
+                return statuses;
+            }
+        }
     }
 
     /// The next response whose payload `want` picks, skipping the others.
@@ -311,10 +354,6 @@ impl Stream {
     }
 
     pub async fn batch_covering(&mut self, sequence: u64) {
-        self.next(|p| match p {
-            Payload::BatchStatus(s) if s.last_sequence >= sequence => Some(()),
-            _ => None,
-        })
-        .await
+        self.statuses_until(sequence).await;
     }
 }

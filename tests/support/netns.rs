@@ -1,7 +1,10 @@
 //! Namespace tests' policy: skip without root, unless required; and the
 //! testbed with this build's binaries.
 
-use vxmgr::testbed::{Binaries, Cluster};
+use std::path::{Path, PathBuf};
+
+use vxmgr::testbed::{self, Binaries, Cluster, churn};
+use vxmgr::wire::felix::ToDataplane;
 
 use super::{CALC_STUB, VXMGRD, say};
 
@@ -47,4 +50,34 @@ pub fn cluster(n: u8) -> Cluster {
         cluster.keep();
     }
     cluster
+}
+
+/// The node whose view generated worlds are, and the underlay addresses
+/// `calc-stub generate` gives it (node i has 172.16.0.0 + i + 1 and
+/// fd00:172:: + i + 1), with prefixes that hold every generated node's.
+pub const GENERATED_LOCAL: &str = "node-1";
+const GENERATED_UNDERLAY: [&str; 2] = [
+    "ip addr add 172.16.0.2/12 dev eth0",
+    "ip -6 addr add fd00:172::2/64 dev eth0 nodad",
+];
+
+/// A one-node cluster whose node also holds its generated underlay
+/// addresses, so generated worlds apply to it.
+pub fn generated_cluster() -> Cluster {
+    let cluster = cluster(1);
+    let ns = &cluster.node(1).ns;
+    for command in GENERATED_UNDERLAY {
+        testbed::sh(ns, command).unwrap();
+    }
+    cluster
+}
+
+/// node-1's view of a generated world of `nodes` nodes × 4 blocks in both
+/// families, written to `<cluster dir>/<name>.bin` (a file calc-stub can
+/// replay).
+pub fn generated_world(cluster: &Cluster, name: &str, nodes: u32) -> (PathBuf, Vec<ToDataplane>) {
+    let path = cluster.dir.join(format!("{name}.bin"));
+    let world =
+        churn::generate(Path::new(CALC_STUB), &path, nodes, 4, GENERATED_LOCAL, true).unwrap();
+    (path, world)
 }
