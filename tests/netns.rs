@@ -5,10 +5,12 @@
 mod support;
 
 use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::netns::{binaries, can_run, cluster};
+use support::BackgroundReplay;
+use support::netns::{assert_census, binaries, can_run, cluster};
 use vxmgr::model::Family;
 use vxmgr::testbed::{self, Census, Cluster, Monitor, census};
 
@@ -589,32 +591,26 @@ fn a_daemon_killed_at_any_point_converges_after_a_restart() {
             .node(1)
             .replay_ok(&cluster.dir, "small", &cluster.view(1, false))
             .unwrap();
-        let mut replay = std::process::Command::new(support::CALC_STUB)
-            .args(["replay", "--step", "--socket"])
-            .arg(&cluster.node(1).socket)
-            .arg(&file)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut statuses =
-            std::io::BufRead::lines(std::io::BufReader::new(replay.stdout.take().unwrap()));
+        let mut replay = BackgroundReplay::start(
+            &cluster.node(1).socket,
+            [OsStr::new("--step"), file.as_os_str()],
+        );
+        let mut statuses = replay.lines();
         for _ in 0..kill_after {
-            statuses.next().expect("a status").unwrap();
+            statuses.next().expect("a status");
         }
         cluster.node_mut(1).stop_daemon(libc::SIGKILL).unwrap();
-        let _ = replay.wait();
+        replay.wait();
 
         cluster.node_mut(1).start_daemon(&[]).unwrap();
         cluster
             .node(1)
             .replay_ok(&cluster.dir, "again", &view)
             .unwrap();
-        let differences = converged.differences(&Census::of(&ns).unwrap());
-        assert!(
-            differences.is_empty(),
-            "killed after {kill_after} statuses (first: converged, second: after the restart):\n{}",
-            differences.join("\n")
+        assert_census(
+            &ns,
+            &converged,
+            &format!("killed after {kill_after} statuses"),
         );
     }
     assert!(ping(&cluster.node(1).pod_ns(), &cluster.node(2).pod_v4()));

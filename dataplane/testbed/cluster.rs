@@ -163,10 +163,15 @@ impl Node {
     pub fn replay_ok(&self, dir: &Path, name: &str, lines: &[String]) -> Result<Output> {
         let path = dir.join(format!("{}-{name}.jsonl", self.name));
         std::fs::write(&path, lines.join("\n") + "\n")?;
+        self.replay_file_ok(&path)
+    }
+
+    /// Replays the file at `path`; an error unless every batch was OK.
+    pub fn replay_file_ok(&self, path: &Path) -> Result<Output> {
         let output = self.replay(&[&path.to_string_lossy()])?;
         if !output.status.success() {
             return Err(TestbedError::Failed {
-                command: format!("{}: calc-stub replay {name}", self.name),
+                command: format!("{}: calc-stub replay {}", self.name, path.display()),
                 status: output.status,
                 output: format!(
                     "{}{}\n--- vxmgrd log ---\n{}",

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -216,6 +217,50 @@ pub fn calc_stub_replay(socket: &Path, args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("calc-stub runs")
+}
+
+/// `calc-stub replay --socket SOCKET ARGS` running on its own, its standard
+/// output piped; dropping it kills it.
+pub struct BackgroundReplay {
+    child: Child,
+}
+
+impl BackgroundReplay {
+    pub fn start<S: AsRef<OsStr>>(
+        socket: &Path,
+        args: impl IntoIterator<Item = S>,
+    ) -> BackgroundReplay {
+        let child = Command::new(CALC_STUB)
+            .arg("replay")
+            .arg("--socket")
+            .arg(socket)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("calc-stub runs");
+        BackgroundReplay { child }
+    }
+
+    /// Its standard output, line by line (once).
+    pub fn lines(&mut self) -> impl Iterator<Item = String> + use<> {
+        let stdout = self.child.stdout.take().expect("stdout taken once");
+        BufReader::new(stdout).lines().map_while(Result::ok)
+    }
+
+    /// Waits for it to end, however it ends.
+    pub fn wait(mut self) {
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BackgroundReplay {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
 }
 
 /// Writes `lines` as a .jsonl replay file in `dir`.

@@ -1,9 +1,11 @@
 //! Namespace tests' policy: skip without root, unless required; and the
 //! testbed with this build's binaries.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use vxmgr::testbed::{self, Binaries, Cluster, churn};
+use vxmgr::model::Family;
+use vxmgr::testbed::{self, Binaries, Census, Cluster, churn};
 use vxmgr::wire::felix::ToDataplane;
 
 use super::{CALC_STUB, VXMGRD, say};
@@ -80,4 +82,21 @@ pub fn generated_world(cluster: &Cluster, name: &str, nodes: u32) -> (PathBuf, V
     let world =
         churn::generate(Path::new(CALC_STUB), &path, nodes, 4, GENERATED_LOCAL, true).unwrap();
     (path, world)
+}
+
+/// Asserts that namespace `ns` holds exactly the objects `expected` counts,
+/// and no ipsets but vxmgr's own (none left from an interrupted replace).
+pub fn assert_census(ns: &str, expected: &Census, what: &str) {
+    let census = Census::of(ns).unwrap();
+    let differences = expected.differences(&census);
+    assert!(
+        differences.is_empty(),
+        "{what} (first: expected, second: the kernel's):\n{}",
+        differences.join("\n")
+    );
+    let ours: BTreeSet<String> = Family::ALL
+        .iter()
+        .map(|f| f.ipset_name().to_string())
+        .collect();
+    assert_eq!(census.ipsets, ours, "{what}: ipsets");
 }
