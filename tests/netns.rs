@@ -135,25 +135,16 @@ fn exact_kernel_state_for_a_felix_scenario() {
             "fd00:244:0:3:: dev vxlan-v6.calico mtu 1430",
         ])
     );
-    let nexthops: BTreeSet<String> = ip_json(ns, &["nexthop", "show", "proto", "80"])
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|n| {
-            format!(
-                "{} {}",
-                n["gateway"].as_str().unwrap(),
-                n["dev"].as_str().unwrap()
-            )
-        })
-        .collect();
+    let census = Census::of(ns).unwrap();
     assert_eq!(
-        nexthops,
+        census.v4.nexthops,
+        set(&["10.244.2.0 dev vxlan.calico", "10.244.3.0 dev vxlan.calico"])
+    );
+    assert_eq!(
+        census.v6.nexthops,
         set(&[
-            "10.244.2.0 vxlan.calico",
-            "10.244.3.0 vxlan.calico",
-            "fd00:244:0:2:: vxlan-v6.calico",
-            "fd00:244:0:3:: vxlan-v6.calico",
+            "fd00:244:0:2:: dev vxlan-v6.calico",
+            "fd00:244:0:3:: dev vxlan-v6.calico",
         ])
     );
     assert_eq!(
@@ -171,27 +162,21 @@ fn exact_kernel_state_for_a_felix_scenario() {
         ])
     );
     assert_eq!(
-        permanent_fdb(ns, "vxlan.calico"),
+        census.v4.fdb,
         set(&[
             "66:aa:00:00:00:02 192.168.10.2",
             "66:aa:00:00:00:03 192.168.10.3"
         ])
     );
     assert_eq!(
-        permanent_fdb(ns, "vxlan-v6.calico"),
+        census.v6.fdb,
         set(&[
             "66:bb:00:00:00:02 fd00:10::2",
             "66:bb:00:00:00:03 fd00:10::3"
         ])
     );
-    assert_eq!(
-        ipset_members(ns, "cali40all-vxlan-net"),
-        set(&["192.168.10.2", "192.168.10.3"])
-    );
-    assert_eq!(
-        ipset_members(ns, "cali60all-vxlan-net"),
-        set(&["fd00:10::2", "fd00:10::3"])
-    );
+    assert_eq!(census.v4.ipset, set(&["192.168.10.2", "192.168.10.3"]));
+    assert_eq!(census.v6.ipset, set(&["fd00:10::2", "fd00:10::3"]));
 }
 
 #[test]
@@ -832,24 +817,6 @@ fn permanent_neighbors(ns: &str, dev: &str) -> BTreeSet<String> {
                 "{} {}",
                 n["dst"].as_str().unwrap(),
                 n["lladdr"].as_str().unwrap()
-            )
-        })
-        .collect()
-}
-
-/// A device's permanent FDB entries with a destination, as `mac dst`.
-fn permanent_fdb(ns: &str, dev: &str) -> BTreeSet<String> {
-    serde_json::from_str::<Value>(&run_in(ns, &["bridge", "-j", "fdb", "show", "dev", dev]))
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["state"] == "permanent" && !e["dst"].is_null())
-        .map(|e| {
-            format!(
-                "{} {}",
-                e["mac"].as_str().unwrap(),
-                e["dst"].as_str().unwrap()
             )
         })
         .collect()
