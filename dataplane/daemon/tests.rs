@@ -212,3 +212,27 @@ async fn health_is_not_serving_exactly_while_an_object_fails() {
     assert!(rig.kernel.lock().routes.contains_key(&bad));
     rig.tasks.stop().await;
 }
+
+#[tokio::test]
+async fn get_state_and_health_answer_while_the_kernel_is_busy_applying() {
+    let mut rig = Rig::start().await;
+    let mut hold = rig.kernel.hold_applies();
+    rig.send(CLUSTER).await;
+    let in_sync = rig.send(&[IN_SYNC]).await;
+    hold.applying().await;
+    // The kernel task is inside its first apply: reads answer from what
+    // the calc process declared.
+    let state = tokio::time::timeout(Duration::from_secs(30), rig.state())
+        .await
+        .expect("GetState answers while the kernel is busy");
+    let ipv4 = state.ipv4.expect("IPv4 state");
+    assert!(!ipv4.remote_vteps.is_empty(), "{ipv4:?}");
+    assert!(state.last_batch.is_none(), "nothing applied yet");
+    let health = rig.health.check(Rig::request()).await.unwrap();
+    assert_eq!(health.into_inner().status(), Status::NotServing);
+    hold.release();
+    let status = rig.batch_covering(in_sync).await;
+    assert!(status.in_sync, "{status:?}");
+    rig.health_becomes(Status::Serving).await;
+    rig.tasks.stop().await;
+}

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use foldhash::HashMap;
 use ipnetwork::IpNetwork;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::objects::{
     IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
@@ -38,11 +38,39 @@ pub struct MemoryKernel {
     faults: Vec<(FaultRule, i32)>,
     /// Dumps fail with this errno.
     dump_fault: Option<i32>,
+    /// Applies wait here until released (see `hold_applies`).
+    hold: Option<HeldApplies>,
     /// Answers address lookups that match no interface, standing in for a
     /// host's underlay (see `with_underlay`).
     underlay: Option<ParentInterface>,
     /// Where changes by others (`interfere`) are notified.
     watcher: Option<mpsc::UnboundedSender<Notification>>,
+}
+
+/// What an apply waits on while held: the release, and where it says it
+/// has arrived.
+#[derive(Clone)]
+struct HeldApplies {
+    released: watch::Receiver<bool>,
+    arrived: Arc<watch::Sender<u32>>,
+}
+
+/// Holds every apply of a memory kernel before its first operation, the way
+/// a long apply keeps the kernel task busy, until released or dropped.
+pub struct ApplyHold {
+    release: watch::Sender<bool>,
+    arrived: watch::Receiver<u32>,
+}
+
+impl ApplyHold {
+    /// Waits until an apply is held.
+    pub async fn applying(&mut self) {
+        let _ = self.arrived.wait_for(|applies| *applies > 0).await;
+    }
+
+    pub fn release(self) {
+        let _ = self.release.send(true);
+    }
 }
 
 /// A handle on a shared in-memory kernel.
@@ -167,6 +195,20 @@ impl MemoryBackend {
     /// Makes every later dump fail with `errno`, until `clear_faults`.
     pub fn fail_dumps(&self, errno: i32) {
         self.lock().dump_fault = Some(errno);
+    }
+
+    /// Holds every later apply until the hold is released.
+    pub fn hold_applies(&self) -> ApplyHold {
+        let (release, released) = watch::channel(false);
+        let (arrived, arrived_rx) = watch::channel(0);
+        self.lock().hold = Some(HeldApplies {
+            released,
+            arrived: Arc::new(arrived),
+        });
+        ApplyHold {
+            release,
+            arrived: arrived_rx,
+        }
     }
 }
 
@@ -456,6 +498,12 @@ impl KernelBackend for MemoryBackend {
     }
 
     async fn apply(&mut self, ops: &[KernelOp]) -> Vec<Result<(), KernelError>> {
+        let hold = self.lock().hold.clone();
+        if let Some(mut hold) = hold {
+            hold.arrived.send_modify(|applies| *applies += 1);
+            // A dropped hold releases too.
+            let _ = hold.released.wait_for(|released| *released).await;
+        }
         let mut k = self.lock();
         ops.iter()
             .map(|op| {
