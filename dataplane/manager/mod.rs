@@ -110,11 +110,15 @@ impl Manager {
             Update::Route(r) => self.family_mut(r.family()).on_route(r),
             Update::RouteRemove(dst) => self.family_mut(Family::of_net(&dst)).on_route_remove(dst),
             Update::Vtep(v) => {
-                self.v4.check_vtep(&v)?;
-                self.v6.check_vtep(&v)?;
+                if let Err(rejection) = self.v4.check_vtep(&v).and(self.v6.check_vtep(&v)) {
+                    return Err(self.reject_vtep(&v.node, rejection));
+                }
                 let v4 = self.v4.on_vtep(&v);
                 let v6 = self.v6.on_vtep(&v);
                 v4 || v6
+            }
+            Update::InvalidVtep { node, rejection } => {
+                return Err(self.reject_vtep(&node, rejection));
             }
             Update::VtepRemove(node) => {
                 let v4 = self.v4.on_vtep_remove(&node);
@@ -127,6 +131,18 @@ impl Manager {
         } else {
             Outcome::Ignored
         })
+    }
+
+    /// A VTEP update rejected as a whole: a remote node's routes then wait
+    /// as if its VTEP were unknown (Felix replaces a node's VTEP with the
+    /// newest, usable or not). Our own VTEP is kept: one bad message must not
+    /// take the device, and the node's connectivity, away.
+    fn reject_vtep(&mut self, node: &str, rejection: Rejection) -> Rejection {
+        if node != &*self.hostname {
+            self.v4.on_vtep_remove(node);
+            self.v6.on_vtep_remove(node);
+        }
+        rejection
     }
 
     /// The kernel's answer to "which interface holds the parent address".

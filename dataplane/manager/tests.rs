@@ -800,3 +800,46 @@ fn batches_cost_follows_the_change() {
     let delta = m.complete_deferred_work();
     assert_eq!(delta.len(), 1, "{delta:#?}");
 }
+
+#[test]
+fn a_known_nodes_invalid_vtep_update_makes_its_routes_wait_until_a_good_one() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    let block = route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b");
+    ok(&mut m, Payload::RouteUpdate(block));
+    m.complete_deferred_work();
+    let mut bad = vtep("node-b", 2);
+    bad.mac = "66:aa:00:00:00".into();
+    let err = send(&mut m, Payload::VtepUpdate(bad)).unwrap_err();
+    assert!(err.0.contains("\"66:aa:00:00:00\""), "{err}");
+    let delta = m.complete_deferred_work();
+    assert_eq!(desired_target(&delta, "10.244.1.0/26"), None, "it waits");
+    for family in Family::ALL {
+        let s = m.family(family).snapshot();
+        assert!(s.remote_vteps.is_empty(), "{family}: {s:?}");
+        assert!(
+            s.neighbors.is_empty() && s.fdb.is_empty(),
+            "{family}: {s:?}"
+        );
+        assert!(s.ipset.is_empty(), "{family}: {s:?}");
+    }
+    assert_eq!(m.family(Family::V4).snapshot().waiting_routes.len(), 1);
+
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    let delta = m.complete_deferred_work();
+    assert!(
+        desired_target(&delta, "10.244.1.0/26").is_some(),
+        "programmed again"
+    );
+}
+
+#[test]
+fn our_own_invalid_vtep_update_keeps_the_device() {
+    let mut m = node_a();
+    let mut bad = vtep("node-a", 1);
+    bad.parent_device_ip = "192.168.10.300".into();
+    let err = send(&mut m, Payload::VtepUpdate(bad)).unwrap_err();
+    assert!(err.0.contains("\"192.168.10.300\""), "{err}");
+    assert!(m.complete_deferred_work().is_empty(), "nothing changes");
+    assert!(m.family(Family::V4).snapshot().device.is_some());
+}

@@ -22,6 +22,13 @@ pub enum Update {
     Route(RouteIntent),
     RouteRemove(IpNetwork),
     Vtep(VtepUpdate),
+    /// A VTEP update whose node is named but whose addresses are malformed.
+    /// It is rejected, and the node's earlier VTEP is no longer used: Felix
+    /// keeps a node's newest VTEP even when it cannot program it.
+    InvalidVtep {
+        node: String,
+        rejection: Rejection,
+    },
     VtepRemove(String),
 }
 
@@ -187,7 +194,7 @@ impl Update {
             Payload::ConfigUpdate(c) => Update::Config(c.config.into_iter().collect()),
             Payload::RouteUpdate(r) => Update::Route(parse_route(r)?),
             Payload::RouteRemove(r) => Update::RouteRemove(parse_cidr("route_remove.dst", &r.dst)?),
-            Payload::VtepUpdate(v) => Update::Vtep(parse_vtep(v)?),
+            Payload::VtepUpdate(v) => parse_vtep(v)?,
             Payload::VtepRemove(v) => Update::VtepRemove(parse_node("vtep_remove.node", v.node)?),
         }))
     }
@@ -250,21 +257,28 @@ fn parse_route(r: felix::RouteUpdate) -> Result<RouteIntent, Rejection> {
     })
 }
 
-fn parse_vtep(v: felix::VxlanTunnelEndpointUpdate) -> Result<VtepUpdate, Rejection> {
+/// `Update::Vtep`, or `Update::InvalidVtep` when only the node name is good.
+fn parse_vtep(v: felix::VxlanTunnelEndpointUpdate) -> Result<Update, Rejection> {
     let node = parse_node("vtep_update.node", v.node)?;
-    let v4 = parse_vtep_family(
+    let families = parse_vtep_family(
         Family::V4,
         ("vtep_update.mac", &v.mac),
         ("vtep_update.ipv4_addr", &v.ipv4_addr),
         ("vtep_update.parent_device_ip", &v.parent_device_ip),
-    )?;
-    let v6 = parse_vtep_family(
-        Family::V6,
-        ("vtep_update.mac_v6", &v.mac_v6),
-        ("vtep_update.ipv6_addr", &v.ipv6_addr),
-        ("vtep_update.parent_device_ipv6", &v.parent_device_ipv6),
-    )?;
-    Ok(VtepUpdate { node, v4, v6 })
+    )
+    .and_then(|v4| {
+        let v6 = parse_vtep_family(
+            Family::V6,
+            ("vtep_update.mac_v6", &v.mac_v6),
+            ("vtep_update.ipv6_addr", &v.ipv6_addr),
+            ("vtep_update.parent_device_ipv6", &v.parent_device_ipv6),
+        )?;
+        Ok((v4, v6))
+    });
+    Ok(match families {
+        Ok((v4, v6)) => Update::Vtep(VtepUpdate { node, v4, v6 }),
+        Err(rejection) => Update::InvalidVtep { node, rejection },
+    })
 }
 
 /// A family's part of a VTEP exists when its tunnel address is set; then its
@@ -360,6 +374,15 @@ mod tests {
         );
     }
 
+    /// The rejection of a VTEP update for a named node.
+    fn vtep_rejection(v: felix::VxlanTunnelEndpointUpdate) -> Rejection {
+        let node = v.node.clone();
+        match parse(Payload::VtepUpdate(v)) {
+            Ok(Some(Update::InvalidVtep { node: n, rejection })) if n == node => rejection,
+            other => panic!("not an invalid VTEP of {node}: {other:?}"),
+        }
+    }
+
     #[test]
     fn vtep_family_parts_follow_tunnel_address() {
         let v = felix::VxlanTunnelEndpointUpdate {
@@ -380,7 +403,7 @@ mod tests {
             parent_device_ipv6: "fd01::1".into(),
             ..v
         };
-        let err = parse(Payload::VtepUpdate(bad_v6)).unwrap_err();
+        let err = vtep_rejection(bad_v6);
         assert!(err.0.contains("vtep_update.mac_v6 \"not-a-mac\""), "{err}");
     }
 
@@ -410,7 +433,7 @@ mod tests {
         for (field, value, why) in cases {
             let mut v = good.clone();
             *field(&mut v) = value.into();
-            let err = parse(Payload::VtepUpdate(v)).unwrap_err();
+            let err = vtep_rejection(v);
             assert!(err.0.contains(&format!("{value:?}")), "{err}");
             assert!(err.0.contains(why), "{err}");
         }
