@@ -1,5 +1,6 @@
 //! vxmgrd: the VXLAN dataplane daemon.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -161,6 +162,12 @@ async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&cli.log).context("parsing --log")?)
         .with_writer(std::io::stderr)
+        // Colours for a terminal only, not for journald or a log file, and
+        // not when NO_COLOR asks for none.
+        .with_ansi(
+            std::io::stderr().is_terminal()
+                && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty()),
+        )
         .init();
     let options = cli.into_options()?;
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
