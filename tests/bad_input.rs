@@ -10,7 +10,7 @@ use std::os::unix::net::UnixStream;
 use support::{Daemon, Stream};
 use vxmgr::wire::felix::ToDataplane;
 use vxmgr::wire::json;
-use vxmgr::wire::vxmgr::v1::{RejectedMessage, sync_response::Payload};
+use vxmgr::wire::vxmgr::v1::RejectedMessage;
 
 const NODE_A: &str = r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#;
 const NODE_B: &str = r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#;
@@ -422,12 +422,7 @@ async fn the_largest_sequence_number_is_reported_and_the_next_one_follows() {
     let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
     stream.send(vec![message(NODE_B, u64::MAX)]).await;
-    let status = stream
-        .next(|p| match p {
-            Payload::BatchStatus(s) => Some(s),
-            _ => None,
-        })
-        .await;
+    let status = stream.next_status().await;
     assert_eq!(
         (status.first_sequence, status.last_sequence),
         (u64::MAX, u64::MAX)

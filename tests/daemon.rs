@@ -278,12 +278,7 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
         .collect();
     stream.send(messages).await;
     stream.close_send();
-    let status = stream
-        .next(|p| match p {
-            Payload::BatchStatus(s) => Some(s),
-            _ => None,
-        })
-        .await;
+    let status = stream.next_status().await;
     assert_eq!(
         (
             status.first_sequence,

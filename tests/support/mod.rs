@@ -358,18 +358,22 @@ impl Stream {
     pub async fn statuses_until(&mut self, last: u64) -> Vec<BatchStatus> {
         let mut statuses = Vec::new();
         loop {
-            let status = self
-                .next(|p| match p {
-                    Payload::BatchStatus(s) => Some(s),
-                    _ => None,
-                })
-                .await;
+            let status = self.next_status().await;
             let done = status.last_sequence >= last;
             statuses.push(status);
             if done {
                 return statuses;
             }
         }
+    }
+
+    /// The next batch status, skipping other responses.
+    pub async fn next_status(&mut self) -> BatchStatus {
+        self.next(|p| match p {
+            Payload::BatchStatus(s) => Some(s),
+            _ => None,
+        })
+        .await
     }
 
     /// The next response whose payload `want` picks, skipping the others.
