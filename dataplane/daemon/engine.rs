@@ -42,12 +42,13 @@ pub enum EngineInput {
     StreamEnded {
         id: u64,
     },
-    GetState {
-        reply: oneshot::Sender<DataplaneState>,
-    },
     /// The daemon is stopping.
     Shutdown,
 }
+
+/// A GetState request. Queries come on a channel of their own, so that they
+/// are answered even while the task waits for the kernel.
+pub type StateQuery = oneshot::Sender<DataplaneState>;
 
 pub struct EngineOptions {
     pub batch_interval: Duration,
@@ -90,12 +91,14 @@ struct Engine {
     recorder: Option<Recorder>,
     started: Instant,
     options: EngineOptions,
+    queries: mpsc::Receiver<StateQuery>,
 }
 
 pub async fn run(
     manager: Manager,
     mut options: EngineOptions,
     mut inputs: mpsc::Receiver<EngineInput>,
+    queries: mpsc::Receiver<StateQuery>,
     kernel: mpsc::Sender<KernelCommand>,
     mut events: mpsc::Receiver<KernelEvent>,
     health: HealthReporter,
@@ -119,6 +122,7 @@ pub async fn run(
         recorder: options.record.take(),
         started: Instant::now(),
         options,
+        queries,
     };
     loop {
         let deadline = engine.open.as_ref().map(|(_, d)| *d);
@@ -139,6 +143,8 @@ pub async fn run(
                     return;
                 }
             }
+            // After the inputs: a query sees every message sent before it.
+            Some(reply) = engine.queries.recv() => engine.answer(reply),
             _ = heartbeat.tick() => engine.heartbeat(),
         }
     }
@@ -189,9 +195,6 @@ impl Engine {
                     self.stream = None;
                     self.close_batch_now();
                 }
-            }
-            EngineInput::GetState { reply } => {
-                let _ = reply.send(self.state());
             }
             EngineInput::Shutdown => {
                 // Apply what was received, then stop.
@@ -254,11 +257,27 @@ impl Engine {
     /// Waits for the apply in flight, handling its report.
     async fn wait_for_kernel(&mut self, events: &mut mpsc::Receiver<KernelEvent>) {
         while self.apply_in_flight {
-            let Some(event) = events.recv().await else {
+            let Some(event) = self.answering_queries(events.recv()).await else {
                 return;
             };
             self.on_kernel_event(event).await;
         }
+    }
+
+    /// Awaits `until` (an answer from the kernel task), answering GetState
+    /// meanwhile with the state as it stands.
+    async fn answering_queries<T>(&mut self, until: impl Future<Output = T>) -> T {
+        let mut until = std::pin::pin!(until);
+        loop {
+            tokio::select! {
+                out = &mut until => return out,
+                Some(reply) = self.queries.recv() => self.answer(reply),
+            }
+        }
+    }
+
+    fn answer(&self, reply: StateQuery) {
+        let _ = reply.send(self.state());
     }
 
     /// CompleteDeferredWork: hands the batch's delta to the kernel task.
@@ -302,7 +321,7 @@ impl Engine {
         if self.kernel.send(command).await.is_err() {
             return;
         }
-        if let Ok(parents) = answer.await {
+        if let Ok(parents) = self.answering_queries(answer).await {
             for (family, parent) in Family::ALL.into_iter().zip(parents) {
                 self.manager.set_parent(family, parent);
             }

@@ -133,7 +133,11 @@ pub async fn run_with_backend<B: KernelBackend>(
     let server = server::serve(
         listener,
         options.allow_uids.clone(),
-        DataplaneService::new(tasks.engine.clone(), options.response_buffer),
+        DataplaneService::new(
+            tasks.engine.clone(),
+            tasks.queries.clone(),
+            options.response_buffer,
+        ),
         health_service,
         async {
             let _ = stop_rx.await;
@@ -156,9 +160,10 @@ pub async fn run_with_backend<B: KernelBackend>(
 }
 
 /// The manager task and the kernel thread, running; the server reaches them
-/// through `engine`.
+/// through `engine` and `queries`.
 struct Tasks {
     engine: mpsc::Sender<EngineInput>,
+    queries: mpsc::Sender<engine::StateQuery>,
     engine_task: tokio::task::JoinHandle<()>,
     kernel_thread: std::thread::JoinHandle<()>,
 }
@@ -190,8 +195,9 @@ impl Tasks {
             contest_window: options.contest_window,
         };
 
-        // Chunks of messages (up to 1024 each), GetState requests, stream events.
+        // Chunks of messages (up to 1024 each), stream events.
         let (engine_tx, engine_rx) = mpsc::channel(64);
+        let (queries_tx, queries_rx) = mpsc::channel(16);
         let (kernel_tx, kernel_rx) = mpsc::channel(4);
         let (events_tx, events_rx) = mpsc::channel(16);
         let task_options = KernelTaskOptions {
@@ -238,12 +244,14 @@ impl Tasks {
                 record,
             },
             engine_rx,
+            queries_rx,
             kernel_tx,
             events_rx,
             health,
         ));
         Ok(Tasks {
             engine: engine_tx,
+            queries: queries_tx,
             engine_task,
             kernel_thread,
         })

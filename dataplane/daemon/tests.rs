@@ -126,8 +126,7 @@ impl Rig {
     /// before, health included.
     async fn state(&self) -> DataplaneState {
         let (reply, answer) = oneshot::channel();
-        let input = EngineInput::GetState { reply };
-        self.tasks.engine.send(input).await.unwrap();
+        self.tasks.queries.send(reply).await.unwrap();
         answer.await.unwrap()
     }
 
@@ -234,5 +233,27 @@ async fn get_state_and_health_answer_while_the_kernel_is_busy_applying() {
     let status = rig.batch_covering(in_sync).await;
     assert!(status.in_sync, "{status:?}");
     rig.health_becomes(Status::Serving).await;
+    rig.tasks.stop().await;
+}
+
+#[tokio::test]
+async fn get_state_answers_while_a_new_stream_waits_for_the_apply_in_flight() {
+    let mut rig = Rig::start().await;
+    let mut hold = rig.kernel.hold_applies();
+    rig.send(CLUSTER).await;
+    hold.applying().await;
+    // A reconnect: the new stream's resync starts once the apply is done.
+    let (responder, _responses) = responses::channel(STREAM + 1, 64);
+    let reconnect = EngineInput::StreamStarted {
+        id: STREAM + 1,
+        peer: "a test, again".into(),
+        responder,
+    };
+    rig.tasks.engine.send(reconnect).await.unwrap();
+    let state = tokio::time::timeout(Duration::from_secs(30), rig.state())
+        .await
+        .expect("GetState answers while the new stream waits");
+    assert!(state.last_batch.is_none(), "nothing applied yet");
+    hold.release();
     rig.tasks.stop().await;
 }

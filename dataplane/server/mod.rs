@@ -17,7 +17,7 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
-use crate::daemon::engine::EngineInput;
+use crate::daemon::engine::{EngineInput, StateQuery};
 use crate::wire::felix::ToDataplane;
 use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
 use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
@@ -33,6 +33,7 @@ const MESSAGE_CHUNK: usize = 1024;
 
 pub struct DataplaneService {
     engine: mpsc::Sender<EngineInput>,
+    queries: mpsc::Sender<StateQuery>,
     /// Who holds the one Sync stream, if anyone.
     active: Arc<Mutex<Option<String>>>,
     next_stream: AtomicU64,
@@ -40,9 +41,14 @@ pub struct DataplaneService {
 }
 
 impl DataplaneService {
-    pub fn new(engine: mpsc::Sender<EngineInput>, response_buffer: usize) -> DataplaneService {
+    pub fn new(
+        engine: mpsc::Sender<EngineInput>,
+        queries: mpsc::Sender<StateQuery>,
+        response_buffer: usize,
+    ) -> DataplaneService {
         DataplaneService {
             engine,
+            queries,
             active: Arc::new(Mutex::new(None)),
             next_stream: AtomicU64::new(1),
             response_buffer,
@@ -153,8 +159,8 @@ impl Dataplane for DataplaneService {
         _request: Request<GetStateRequest>,
     ) -> Result<Response<DataplaneState>, Status> {
         let (reply, answer) = oneshot::channel();
-        self.engine
-            .send(EngineInput::GetState { reply })
+        self.queries
+            .send(reply)
             .await
             .map_err(|_| Status::unavailable("vxmgrd is shutting down"))?;
         let state = answer
