@@ -9,7 +9,6 @@ use vxmgr::config::Config;
 use vxmgr::kernel::KernelBackend;
 use vxmgr::kernel::netlink::NetlinkBackend;
 use vxmgr::kernel::objects::{KernelState, Ownership};
-use vxmgr::model::Family;
 
 use crate::Bench;
 use crate::alloc;
@@ -93,7 +92,8 @@ async fn measure(messages: Vec<vxmgr::wire::felix::ToDataplane>, runs: u32) -> R
     .await?;
     // A second backend in the same namespace, reading the same objects.
     let mut probe = NetlinkBackend::new()?;
-    let ownership = ownership();
+    // What vxmgrd owns with its default settings.
+    let ownership = Ownership::of_vxmgr(Config::default().settings().route_protocol);
     let dump = time(runs, async || {
         probe.dump(&ownership).await?;
         Ok(None)
@@ -126,16 +126,4 @@ async fn time(runs: u32, mut step: impl AsyncFnMut() -> Result<Option<u32>>) -> 
         allocations,
         allocated_bytes,
     })
-}
-
-/// What vxmgrd owns with its default settings.
-fn ownership() -> Ownership {
-    Ownership {
-        protocol: Config::default().settings().route_protocol,
-        devices: Family::ALL.iter().map(|f| f.device_name().into()).collect(),
-        ipsets: Family::ALL
-            .iter()
-            .map(|f| (f.ipset_name().into(), *f))
-            .collect(),
-    }
 }
