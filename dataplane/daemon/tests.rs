@@ -130,6 +130,13 @@ impl Rig {
         answer.await.unwrap()
     }
 
+    /// GetState, failing the test if it is not answered in 30 s.
+    async fn state_within_30s(&self) -> DataplaneState {
+        tokio::time::timeout(Duration::from_secs(30), self.state())
+            .await
+            .expect("GetState answered within 30 s")
+    }
+
     fn request() -> Request<HealthCheckRequest> {
         Request::new(HealthCheckRequest {
             service: engine::SERVICE_NAME.into(),
@@ -221,9 +228,7 @@ async fn get_state_and_health_answer_while_the_kernel_is_busy_applying() {
     hold.applying().await;
     // The kernel task is inside its first apply: reads answer from what
     // the calc process declared.
-    let state = tokio::time::timeout(Duration::from_secs(30), rig.state())
-        .await
-        .expect("GetState answers while the kernel is busy");
+    let state = rig.state_within_30s().await;
     let ipv4 = state.ipv4.expect("IPv4 state");
     assert!(!ipv4.remote_vteps.is_empty(), "{ipv4:?}");
     assert!(state.last_batch.is_none(), "nothing applied yet");
@@ -250,9 +255,7 @@ async fn get_state_answers_while_a_new_stream_waits_for_the_apply_in_flight() {
         responder,
     };
     rig.tasks.engine.send(reconnect).await.unwrap();
-    let state = tokio::time::timeout(Duration::from_secs(30), rig.state())
-        .await
-        .expect("GetState answers while the new stream waits");
+    let state = rig.state_within_30s().await;
     assert!(state.last_batch.is_none(), "nothing applied yet");
     hold.release();
     rig.tasks.stop().await;
