@@ -2,10 +2,12 @@
 //! ConfigUpdate, overridden by explicit command-line flags.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use ipnetwork::IpNetwork;
 
+use crate::model::Family;
 use crate::model::update::{Rejection, parse_cidr, quote};
 
 /// The settings in effect.
@@ -20,6 +22,34 @@ pub struct Settings {
     pub external_nodes: Vec<IpNetwork>,
     /// `None`: no periodic resync.
     pub route_refresh_interval: Option<Duration>,
+    pub device_names: DeviceNames,
+}
+
+/// The VXLAN device of each family, by name: vxmgr owns the devices of
+/// the names in effect (and what is on them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceNames {
+    v4: Arc<str>,
+    v6: Arc<str>,
+}
+
+impl DeviceNames {
+    pub fn of(&self, family: Family) -> &Arc<str> {
+        match family {
+            Family::V4 => &self.v4,
+            Family::V6 => &self.v6,
+        }
+    }
+}
+
+/// Felix's names.
+impl Default for DeviceNames {
+    fn default() -> Self {
+        DeviceNames {
+            v4: Arc::from(Family::V4.device_name()),
+            v6: Arc::from(Family::V6.device_name()),
+        }
+    }
 }
 
 impl Default for Settings {
@@ -32,6 +62,7 @@ impl Default for Settings {
             route_protocol: 80,
             external_nodes: Vec::new(),
             route_refresh_interval: Some(Duration::from_secs(90)),
+            device_names: DeviceNames::default(),
         }
     }
 }
@@ -46,6 +77,8 @@ pub struct SettingsLayer {
     pub route_protocol: Option<u8>,
     pub external_nodes: Option<Vec<IpNetwork>>,
     pub route_refresh_interval: Option<Option<Duration>>,
+    pub device_v4: Option<Arc<str>>,
+    pub device_v6: Option<Arc<str>>,
 }
 
 impl SettingsLayer {
@@ -60,6 +93,10 @@ impl SettingsLayer {
             route_refresh_interval: self
                 .route_refresh_interval
                 .unwrap_or(base.route_refresh_interval),
+            device_names: DeviceNames {
+                v4: self.device_v4.clone().unwrap_or(base.device_names.v4),
+                v6: self.device_v6.clone().unwrap_or(base.device_names.v6),
+            },
         }
     }
 }
@@ -115,6 +152,14 @@ impl Config {
         if let Some((k, v)) = field("RouteRefreshInterval") {
             next.route_refresh_interval = parse(k, v, parse_refresh_seconds)
                 .or_keep(previous.route_refresh_interval, &mut errors);
+        }
+        if let Some((k, v)) = field("VXLANDeviceName") {
+            next.device_v4 = parse(k, v, |v| parse_device_name(Family::V4, v))
+                .or_keep(previous.device_v4.clone(), &mut errors);
+        }
+        if let Some((k, v)) = field("VXLANDeviceNameV6") {
+            next.device_v6 = parse(k, v, |v| parse_device_name(Family::V6, v))
+                .or_keep(previous.device_v6.clone(), &mut errors);
         }
         self.from_calc = next;
         if errors.is_empty() {
@@ -191,6 +236,29 @@ pub fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
         .filter(|s| !s.is_empty())
         .map(|s| parse_cidr("CIDR", s).map_err(|e| e.0))
         .collect()
+}
+
+/// A VXLAN device name as Felix (`vxlan.calico`, `vxlan-v6.calico`) or
+/// flannel (`flannel.<VNI>`, `flannel-v6.<VNI>`) names its devices. No
+/// other name is taken: vxmgr deletes and recreates a device of its name
+/// that is not the VXLAN device it wants, which must never be a host's
+/// own interface.
+pub fn parse_device_name(family: Family, v: &str) -> Result<Arc<str>, String> {
+    let flannel = match family {
+        Family::V4 => "flannel.",
+        Family::V6 => "flannel-v6.",
+    };
+    let flannel_vni = v
+        .strip_prefix(flannel)
+        .and_then(|n| parse_vni(n).ok().filter(|vni| vni.to_string() == n));
+    if v == family.device_name() || flannel_vni.is_some() {
+        Ok(Arc::from(v))
+    } else {
+        Err(format!(
+            "{family} VXLAN device must be named {} or {flannel}<VNI>",
+            family.device_name()
+        ))
+    }
 }
 
 /// Felix gives intervals in seconds; 0 turns the periodic refresh off.
@@ -315,6 +383,41 @@ mod tests {
             .apply_update(&map(&[("RouteRefreshInterval", "2m")]))
             .unwrap_err();
         assert!(err.0.contains("RouteRefreshInterval \"2m\""), "{err}");
+    }
+
+    #[test]
+    fn device_names_are_felix_or_flannel_names() {
+        let mut c = Config::default();
+        assert_eq!(
+            &**c.settings().device_names.of(Family::V6),
+            "vxlan-v6.calico"
+        );
+        c.apply_update(&map(&[
+            ("VXLANDeviceName", "flannel.1"),
+            ("VXLANDeviceNameV6", "flannel-v6.1"),
+        ]))
+        .unwrap();
+        let names = c.settings().device_names;
+        assert_eq!(
+            (
+                &*names.of(Family::V4).clone(),
+                &*names.of(Family::V6).clone()
+            ),
+            ("flannel.1", "flannel-v6.1")
+        );
+        for (key, bad) in [
+            ("VXLANDeviceName", "eth0"),
+            ("VXLANDeviceName", "flannel-v6.1"),
+            ("VXLANDeviceName", "flannel.0"),
+            ("VXLANDeviceName", "flannel.01"),
+            ("VXLANDeviceNameV6", "vxlan.calico"),
+            ("VXLANDeviceNameV6", "flannel-v6.16777216"),
+        ] {
+            let err = c.apply_update(&map(&[(key, bad)])).unwrap_err();
+            assert!(err.0.contains(&format!("{key} {bad:?}")), "{err}");
+        }
+        c.apply_update(&map(&[])).unwrap();
+        assert_eq!(c.settings().device_names, DeviceNames::default());
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub struct ParentInterface {
 /// The VXLAN tunnel device of one family.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VxlanDevice {
+    pub name: Arc<str>,
     pub family: Family,
     pub vni: u32,
     pub port: u16,
@@ -213,7 +214,7 @@ impl fmt::Display for VxlanDevice {
         write!(
             f,
             "device {} (vxlan id {} dstport {} dev {} local {} address {} mac {} mtu {})",
-            self.family.device_name(),
+            self.name,
             self.vni,
             self.port,
             self.parent.name,

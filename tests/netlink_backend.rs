@@ -1179,6 +1179,7 @@ fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
         let mtu = if v4 { 1450 } else { 1430 };
         let tunnel_gateway = ip(&pick("10.244.1.0", "fd10:244:1::"));
         delta.devices.push(change(VxlanDevice {
+            name: Arc::from(family.device_name()),
             family,
             vni: 4096,
             port: 4789,
@@ -1276,6 +1277,7 @@ fn request(delta: Delta) -> ApplyRequest {
         delta,
         in_sync: true,
         route_protocol: PROTOCOL,
+        device_names: Default::default(),
     }
 }
 

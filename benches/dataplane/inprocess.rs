@@ -45,6 +45,7 @@ pub async fn converge<B: KernelBackend>(
         delta: manager.complete_deferred_work(),
         in_sync: manager.in_sync(),
         route_protocol: manager.settings().route_protocol,
+        device_names: manager.settings().device_names,
     };
     let report = reconciler.apply(request).await;
     ensure!(

@@ -150,6 +150,7 @@ impl Cli {
                 route_protocol: self.route_protocol,
                 external_nodes,
                 route_refresh_interval: self.route_refresh_interval.map(|s| s.0),
+                ..SettingsLayer::default()
             },
             record: self.record,
         })

@@ -290,6 +290,7 @@ impl Engine {
             delta: self.manager.complete_deferred_work(),
             in_sync: self.manager.in_sync(),
             route_protocol: settings.route_protocol,
+            device_names: settings.device_names.clone(),
         };
         if let Some(recorder) = &mut self.recorder
             && let Err(e) = recorder.flush()

@@ -22,6 +22,7 @@ use crate::model::{Family, MacAddr, RemoteRouteKind, RouteIntent, VtepAddresses,
 /// The settings that matter to one family.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FamilySettings {
+    pub device_name: Arc<str>,
     pub vni: u32,
     pub port: u16,
     pub mtu: Option<u32>,
@@ -32,6 +33,7 @@ pub struct FamilySettings {
 impl FamilySettings {
     pub fn from_settings(family: Family, s: &Settings) -> FamilySettings {
         FamilySettings {
+            device_name: s.device_names.of(family).clone(),
             vni: s.vni,
             port: s.port,
             mtu: match family {
@@ -152,7 +154,9 @@ impl FamilyManager {
     pub fn set_settings(&mut self, settings: FamilySettings) {
         let old = std::mem::replace(&mut self.settings, settings);
         let new = self.settings.clone();
-        if (old.vni, old.port, old.mtu) != (new.vni, new.port, new.mtu) {
+        if (&old.device_name, old.vni, old.port, old.mtu)
+            != (&new.device_name, new.vni, new.port, new.mtu)
+        {
             self.dirty.device = true;
         }
         if old.mtu != new.mtu || old.route_protocol != new.route_protocol {
@@ -393,6 +397,7 @@ impl FamilyManager {
         let local = self.local_vtep.as_ref()?;
         let parent = self.parent.clone()?;
         Some(VxlanDevice {
+            name: self.settings.device_name.clone(),
             family: self.family,
             vni: self.settings.vni,
             port: self.settings.port,

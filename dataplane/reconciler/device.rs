@@ -43,7 +43,7 @@ pub fn recreate_reason(desired: &VxlanDevice, link: &Link) -> Option<String> {
 
 pub fn spec(desired: &VxlanDevice) -> VxlanSpec {
     VxlanSpec {
-        name: desired.family.device_name().to_string(),
+        name: desired.name.to_string(),
         vni: desired.vni,
         port: desired.port,
         parent_index: desired.parent.index,
@@ -107,6 +107,7 @@ mod tests {
 
     fn desired() -> VxlanDevice {
         VxlanDevice {
+            name: Arc::from("vxlan.calico"),
             family: Family::V4,
             vni: 4096,
             port: 4789,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, info, warn};
 
+use crate::config::DeviceNames;
 use crate::desired::{
     Delta, FdbEntry, FdbKey, IpsetMember, Neighbor, NexthopKey, ParentInterface, Route,
     TunnelNexthop, VxlanDevice,
@@ -59,6 +60,7 @@ pub struct ApplyRequest {
     /// The stream's InSync has been seen: objects nobody declared may go.
     pub in_sync: bool,
     pub route_protocol: u8,
+    pub device_names: DeviceNames,
 }
 
 /// A kernel operation that failed.
@@ -122,6 +124,8 @@ pub struct Reconciler<B: KernelBackend> {
     options: ReconcilerOptions,
     use_nexthops: bool,
     route_protocol: u8,
+    /// The devices of these names are ours (Felix's until a batch says otherwise).
+    device_names: DeviceNames,
     /// After the stream's InSync: undeclared objects of ours are removed.
     sweep: bool,
     devices: [DeviceSlot; 2],
@@ -220,6 +224,7 @@ impl<B: KernelBackend> Reconciler<B> {
         Reconciler {
             backend,
             route_protocol: options.route_protocol,
+            device_names: DeviceNames::default(),
             options,
             use_nexthops,
             sweep: false,
@@ -326,6 +331,16 @@ impl<B: KernelBackend> Reconciler<B> {
             self.sweep = true;
             self.mark_stale();
         }
+        if request.device_names != self.device_names {
+            // Other devices are ours now: read what the kernel has of
+            // them before changing anything, so that what is already right
+            // stays (a failed read is retried, and this batch still goes in).
+            info!(names = ?request.device_names, "VXLAN device names changed");
+            self.device_names = request.device_names;
+            if let Ok(report) = self.resync().await {
+                return report;
+            }
+        }
         let mut report = Report::default();
         self.pass(&mut report).await;
         report
@@ -367,10 +382,13 @@ impl<B: KernelBackend> Reconciler<B> {
     /// backoff (see `next_retry`).
     pub async fn resync(&mut self) -> Result<Report, KernelError> {
         let started = Instant::now();
-        let dumped = self
-            .backend
-            .dump(&Ownership::of_vxmgr(self.route_protocol))
-            .await;
+        let ownership = Ownership {
+            devices: Family::ALL
+                .map(|f| self.device_names.of(f).to_string())
+                .to_vec(),
+            ..Ownership::of_vxmgr(self.route_protocol)
+        };
+        let dumped = self.backend.dump(&ownership).await;
         let state = match dumped {
             Ok(state) => state,
             Err(error) => {
@@ -389,7 +407,7 @@ impl<B: KernelBackend> Reconciler<B> {
             slot.link = state
                 .devices
                 .iter()
-                .find(|l| l.name == family.device_name())
+                .find(|l| *l.name == **self.device_names.of(family))
                 .cloned();
             slot.dirty = true;
         }
@@ -398,7 +416,11 @@ impl<B: KernelBackend> Reconciler<B> {
                 .devices
                 .iter()
                 .find(|l| l.index == index)
-                .and_then(|l| Family::ALL.into_iter().find(|f| f.device_name() == l.name))
+                .and_then(|l| {
+                    Family::ALL
+                        .into_iter()
+                        .find(|f| **self.device_names.of(*f) == *l.name)
+                })
         };
         // Nexthops first: routes render through the programmed ones.
         let keyed = self.nexthop_ids.reset(state.nexthops);
@@ -557,7 +579,7 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 
     async fn refresh_link(&mut self, family: Family, report: &mut Report) {
-        let name = family.device_name().to_string();
+        let name = self.device_names.of(family).to_string();
         let link = match self.backend.links(std::slice::from_ref(&name)).await {
             Ok(links) => links.into_iter().next(),
             Err(e) => return report.fail(format!("reading device {name}"), &e),

@@ -59,6 +59,7 @@ impl Rig {
             delta: self.manager.complete_deferred_work(),
             in_sync: self.manager.in_sync(),
             route_protocol: 80,
+            device_names: self.manager.settings().device_names,
         };
         self.reconciler.apply(request).await
     }
@@ -738,4 +739,56 @@ async fn a_resync_that_cannot_read_the_kernel_is_tried_again() {
     let report = rig.reconciler.retry(later).await;
     assert_eq!(report.added, 1, "{report:?}");
     assert_eq!(rig.reconciler.next_retry(), None);
+}
+
+const FLANNEL_NAMES: &str = r#"{"configUpdate": {"config": {"VXLANDeviceName": "flannel.1", "VXLANDeviceNameV6": "flannel-v6.1"}}}"#;
+
+#[tokio::test]
+async fn devices_take_the_names_the_stream_gives_and_a_restart_adopts_them() {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+    rig.send(&[FLANNEL_NAMES]);
+    rig.send(CLUSTER);
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    let index = {
+        let k = rig.kernel.lock();
+        assert!(k.link_by_name("vxlan.calico").is_none());
+        k.link_by_name("flannel.1").expect("flannel.1").index
+    };
+    let connected = rig.kernel.lock().routes[&"10.244.1.0/32".parse().unwrap()];
+    assert_eq!(connected.via, KernelRouteVia::Link(index));
+
+    // A restarted daemon starts out with Felix's names: flannel.1 and what
+    // is on it are not its own until the stream names them, and are then
+    // adopted as they are.
+    let kernel = rig.kernel.clone();
+    let routes_before = rig.routes();
+    drop(rig);
+    let mut restarted = Rig::new(kernel, NexthopMode::On).await;
+    let before = restarted.log_len();
+    restarted.send(&[FLANNEL_NAMES]);
+    restarted.send(CLUSTER);
+    restarted.send(&[IN_SYNC]);
+    let report = restarted.apply().await;
+    assert_eq!(report.operations, 0, "{report:?}");
+    assert_eq!(restarted.log_len(), before, "no operation at all");
+    assert_eq!(restarted.routes(), routes_before);
+}
+
+#[tokio::test]
+async fn a_device_of_names_no_longer_in_effect_is_left_alone() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    rig.new_stream();
+    rig.send(&[FLANNEL_NAMES]);
+    rig.send(CLUSTER);
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    let k = rig.kernel.lock();
+    assert!(k.link_by_name("flannel.1").is_some());
+    assert!(
+        k.link_by_name("vxlan.calico").is_some(),
+        "not vxmgr's device any more: not deleted"
+    );
 }

@@ -44,7 +44,7 @@ fn vtep(node: &str, v: &VtepAddresses) -> Vtep {
 fn family_state(family: Family, s: FamilySnapshot) -> FamilyState {
     let mut state = FamilyState {
         device: s.device.map(|d| Device {
-            name: family.device_name().to_string(),
+            name: d.name.to_string(),
             vni: d.vni,
             port: d.port.into(),
             parent_interface: d.parent.name.to_string(),
