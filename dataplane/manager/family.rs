@@ -109,6 +109,9 @@ pub struct FamilyManager {
     routes_by_node: HashMap<Arc<str>, HashSet<IpNetwork>>,
     /// Remote routes that go direct when the parent interface is known.
     direct_routes: HashSet<IpNetwork>,
+    /// Our own addresses from LOCAL_HOST routes (by route): without a local
+    /// VTEP, the lowest names the parent interface.
+    local_hosts: HashMap<IpNetwork, IpAddr>,
     dirty: Dirty,
 }
 
@@ -131,6 +134,7 @@ impl FamilyManager {
             local_blocks: HashSet::new(),
             routes_by_node: HashMap::new(),
             direct_routes: HashSet::new(),
+            local_hosts: HashMap::new(),
             dirty: Dirty::default(),
         };
         m.set_settings(settings);
@@ -145,10 +149,12 @@ impl FamilyManager {
         self.parent.as_ref()
     }
 
-    /// The underlay address the local VTEP sends from: the parent interface
-    /// is whichever interface holds it.
+    /// The underlay address the local VTEP sends from, or without a local
+    /// VTEP (no-encap routes only, flannel's host-gw) the node's own
+    /// address: the parent interface is whichever interface holds it.
     pub fn parent_ip(&self) -> Option<IpAddr> {
-        self.local_vtep.as_ref().map(|v| v.parent_ip)
+        let own = || self.local_hosts.values().min().copied();
+        self.local_vtep.as_ref().map(|v| v.parent_ip).or_else(own)
     }
 
     pub fn set_settings(&mut self, settings: FamilySettings) {
@@ -221,6 +227,13 @@ impl FamilyManager {
             );
         } else if route.is_local_block() {
             self.local_blocks.insert(route.dst);
+        } else if let Some(ip) = route
+            .local_host_address()
+            .filter(|_| *route.node == *self.hostname)
+        {
+            // Not a route of ours: it only says where the parent is.
+            self.local_hosts.insert(route.dst, ip);
+            return true;
         } else {
             return forgot;
         }
@@ -249,7 +262,7 @@ impl FamilyManager {
         if forgot {
             self.dirty.routes.insert(dst);
         }
-        forgot
+        self.local_hosts.remove(&dst).is_some() || forgot
     }
 
     /// Reuses the node name already held, so each node's name is stored once.

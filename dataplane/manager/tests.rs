@@ -337,6 +337,61 @@ fn no_encap_pool_routes_go_direct() {
 }
 
 #[test]
+fn without_a_local_vtep_our_local_host_address_names_the_parent() {
+    let mut m = Manager::new("node-a", Config::default());
+    let mut r = route(RW, IpPoolType::NoEncap, "10.244.1.0/24", "node-b");
+    r.dst_node_ip = "192.168.10.2".into();
+    ok(&mut m, Payload::RouteUpdate(r));
+    let host = |node: &str, ip: &str| {
+        let mut h = route(RouteType::LocalHost as i32, IpPoolType::None, ip, node);
+        h.dst_node_ip = ip.into();
+        Payload::RouteUpdate(h)
+    };
+    assert_eq!(
+        ok(&mut m, host("node-b", "192.168.10.2")),
+        Outcome::Ignored,
+        "another node's address"
+    );
+    assert_eq!(m.family(Family::V4).parent_ip(), None);
+    ok(&mut m, host("node-a", "192.168.10.1"));
+    assert_eq!(
+        m.family(Family::V4).parent_ip(),
+        Some("192.168.10.1".parse().unwrap())
+    );
+    assert_eq!(m.family(Family::V6).parent_ip(), None);
+    m.set_parent(Family::V4, eth0());
+    let delta = m.complete_deferred_work();
+    assert!(
+        delta.devices.iter().all(|d| d.desired.is_none()),
+        "no device"
+    );
+    assert!(matches!(
+        desired_target(&delta, "10.244.1.0/24"),
+        Some(RouteTarget::Direct { .. })
+    ));
+
+    // A local VTEP's parent address wins; removing the host route forgets it.
+    ok(&mut m, Payload::VtepUpdate(vtep("node-a", 9)));
+    assert_eq!(
+        m.family(Family::V4).parent_ip(),
+        Some("192.168.10.9".parse().unwrap())
+    );
+    ok(
+        &mut m,
+        Payload::VtepRemove(VxlanTunnelEndpointRemove {
+            node: "node-a".into(),
+        }),
+    );
+    ok(
+        &mut m,
+        Payload::RouteRemove(RouteRemove {
+            dst: "192.168.10.1/32".into(),
+        }),
+    );
+    assert_eq!(m.family(Family::V4).parent_ip(), None);
+}
+
+#[test]
 fn local_blocks_are_blackholed_but_not_host_routes_or_local_workloads() {
     let mut m = node_a();
     ok(

@@ -126,6 +126,15 @@ impl RouteIntent {
             && self.dst.prefix() != self.family().host_prefix()
     }
 
+    /// One of a node's own addresses (Felix's LOCAL_HOST route, as a host
+    /// prefix with the node's address): the address that names the parent
+    /// interface when the node has no VTEP of this family (host-gw).
+    pub fn local_host_address(&self) -> Option<IpAddr> {
+        let host = self.types.has(felix::RouteType::LocalHost)
+            && self.dst.prefix() == self.family().host_prefix();
+        self.node_ip.filter(|_| host)
+    }
+
     /// Same-subnet and no-encap routes go straight to the node over the
     /// parent interface, once that interface is known.
     pub fn prefers_direct(&self) -> bool {
