@@ -1,6 +1,7 @@
 //! Compiles proto/ without a system protoc: protox parses the files, the
 //! descriptor set is kept for gRPC reflection and JSON codecs, and
-//! tonic-prost-build generates the Rust types and service code.
+//! tonic-prost-build generates the Rust types and service code. etcd's API
+//! (clients only) is compiled on its own, outside that descriptor set.
 use std::path::PathBuf;
 
 use prost::Message;
@@ -20,5 +21,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = tonic_prost_build::Config::new();
     config.enable_type_names();
     tonic_prost_build::configure().compile_fds_with_config(descriptors, config)?;
+
+    let etcd = "proto/etcd.proto";
+    println!("cargo:rerun-if-changed={etcd}");
+    tonic_prost_build::configure()
+        .build_server(false)
+        .compile_fds(protox::compile([etcd], ["proto"])?)?;
     Ok(())
 }

@@ -7,6 +7,11 @@ pub mod felix {
     tonic::include_proto!("felix");
 }
 
+/// etcd's v3 API, the part calc-flannel uses (clients only).
+pub mod etcd {
+    tonic::include_proto!("etcdserverpb");
+}
+
 pub mod vxmgr {
     pub mod v1 {
         tonic::include_proto!("vxmgr.v1");
