@@ -1,0 +1,486 @@
+//! The registry on a real etcd (v3 API over gRPC): plain or TLS endpoints,
+//! several at once, username/password authentication.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{Mutex, mpsc};
+use tokio_stream::StreamExt;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use tonic::{Code, Request, Status};
+use vxmgr::wire::etcd::{
+    AuthenticateRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest,
+    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
+    auth_client::AuthClient, compare, event::EventType, kv_client::KvClient,
+    lease_client::LeaseClient, request_op, watch_client::WatchClient, watch_request,
+};
+
+use crate::registry::{Event, KeyValue, Listing, Registry, RegistryError, Watch, WatchMessage};
+
+/// How to reach etcd.
+#[derive(Clone, Debug)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdSetupError {
+    #[error("etcd endpoint {endpoint:?}: {why}")]
+    Endpoint { endpoint: String, why: String },
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Options(String),
+}
+
+/// One unary call's limit; watches are long-lived and have none.
+const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Keys per page when listing, so a large network never needs one huge
+/// response.
+const PAGE: i64 = 2000;
+/// Largest response accepted (a page of leases, a large watch response).
+const MAX_RESPONSE_BYTES: usize = 64 << 20;
+
+#[derive(Clone)]
+pub struct Etcd {
+    channel: Channel,
+    credentials: Option<(String, String)>,
+    /// The auth token, once authenticated; dropped when etcd refuses it.
+    token: Arc<Mutex<Option<String>>>,
+}
+
+fn read(path: &PathBuf) -> Result<Vec<u8>, EtcdSetupError> {
+    std::fs::read(path).map_err(|source| EtcdSetupError::Read {
+        path: path.clone(),
+        source,
+    })
+}
+
+impl Etcd {
+    /// A client on `options.endpoints`. Nothing is connected yet: etcd
+    /// may be down now and come up later.
+    pub fn new(options: &EtcdOptions) -> Result<Etcd, EtcdSetupError> {
+        let tls = match (&options.cert_file, &options.key_file) {
+            (Some(cert), Some(key)) => Some(Identity::from_pem(read(cert)?, read(key)?)),
+            (None, None) => None,
+            _ => {
+                return Err(EtcdSetupError::Options(
+                    "--etcd-certfile and --etcd-keyfile go together".into(),
+                ));
+            }
+        };
+        let ca = options.ca_file.as_ref().map(read).transpose()?;
+        let mut endpoints = Vec::new();
+        for url in &options.endpoints {
+            let bad = |why: String| EtcdSetupError::Endpoint {
+                endpoint: url.clone(),
+                why,
+            };
+            let mut endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| bad(e.to_string()))?
+                .connect_timeout(Duration::from_secs(5))
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(5))
+                .keep_alive_while_idle(true);
+            match url.split_once("://").map(|(scheme, _)| scheme) {
+                Some("http") => {}
+                Some("https") => {
+                    let ca = ca
+                        .clone()
+                        .ok_or_else(|| bad("an https endpoint needs --etcd-cafile".into()))?;
+                    let mut config =
+                        ClientTlsConfig::new().ca_certificate(Certificate::from_pem(ca));
+                    if let Some(identity) = tls.clone() {
+                        config = config.identity(identity);
+                    }
+                    endpoint = endpoint
+                        .tls_config(config)
+                        .map_err(|e| bad(e.to_string()))?;
+                }
+                _ => return Err(bad("must start with http:// or https://".into())),
+            }
+            endpoints.push(endpoint);
+        }
+        if endpoints.is_empty() {
+            return Err(EtcdSetupError::Options("no etcd endpoint given".into()));
+        }
+        let credentials = match (&options.username, &options.password) {
+            (Some(user), password) => Some((user.clone(), password.clone().unwrap_or_default())),
+            (None, Some(_)) => {
+                return Err(EtcdSetupError::Options(
+                    "--etcd-password needs --etcd-username".into(),
+                ));
+            }
+            (None, None) => None,
+        };
+        Ok(Etcd {
+            channel: Channel::balance_list(endpoints.into_iter()),
+            credentials,
+            token: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    fn lease(&self) -> LeaseClient<Channel> {
+        LeaseClient::new(self.channel.clone())
+    }
+
+    /// `message` as a request carrying the auth token (authenticating
+    /// first when there is none yet).
+    async fn request<T>(&self, message: T) -> Result<Request<T>, RegistryError> {
+        let mut request = Request::new(message);
+        let Some((name, password)) = &self.credentials else {
+            return Ok(request);
+        };
+        let mut token = self.token.lock().await;
+        if token.is_none() {
+            let auth = AuthenticateRequest {
+                name: name.clone(),
+                password: password.clone(),
+            };
+            let response = call(AuthClient::new(self.channel.clone()).authenticate(auth)).await?;
+            *token = Some(response.token);
+        }
+        let value = token.as_deref().unwrap_or_default().parse().map_err(|_| {
+            RegistryError::Refused("etcd gave an auth token that is not ASCII".into())
+        })?;
+        request.metadata_mut().insert("token", value);
+        Ok(request)
+    }
+
+    /// Maps a failed call, forgetting a token etcd no longer takes.
+    async fn failed(&self, error: RegistryError) -> RegistryError {
+        if matches!(&error, RegistryError::Refused(why) if why.contains("auth token")) {
+            *self.token.lock().await = None;
+        }
+        error
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<i64, RegistryError> {
+        let request = self
+            .request(LeaseGrantRequest {
+                ttl: ttl.as_secs().max(1) as i64,
+                id: 0,
+            })
+            .await?;
+        let response = call(self.lease().lease_grant(request)).await?;
+        if !response.error.is_empty() {
+            return Err(RegistryError::Refused(response.error));
+        }
+        Ok(response.id)
+    }
+
+    /// Best effort: an unused etcd lease expires by itself anyway.
+    async fn revoke(&self, id: i64) {
+        if let Ok(request) = self.request(LeaseRevokeRequest { id }).await {
+            let _ = call(self.lease().lease_revoke(request)).await;
+        }
+    }
+
+    async fn with_lease<T>(
+        &self,
+        ttl: Duration,
+        write: impl AsyncFnOnce(i64) -> Result<T, RegistryError>,
+        done: impl Fn(&T) -> bool,
+    ) -> Result<T, RegistryError> {
+        let id = self.grant(ttl).await?;
+        let result = write(id).await;
+        if !result.as_ref().is_ok_and(done) {
+            self.revoke(id).await;
+        }
+        result
+    }
+}
+
+/// One unary call with its time limit, errors mapped.
+async fn call<T>(
+    call: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, RegistryError> {
+    match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(response)) => Ok(response.into_inner()),
+        Ok(Err(status)) => Err(status_error(&status)),
+        Err(_) => Err(RegistryError::Unavailable(format!(
+            "no answer within {}s",
+            CALL_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+fn status_error(status: &Status) -> RegistryError {
+    let message = status.message().to_string();
+    match status.code() {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
+            RegistryError::Unavailable(message)
+        }
+        Code::OutOfRange if message.contains("compacted") => RegistryError::Compacted(0),
+        _ => RegistryError::Refused(message),
+    }
+}
+
+/// The end of the key range holding every key that starts with `prefix`.
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every key: etcd's "\0" range end.
+    vec![0]
+}
+
+fn key_value(kv: vxmgr::wire::etcd::KeyValue) -> KeyValue {
+    KeyValue {
+        key: String::from_utf8_lossy(&kv.key).into_owned(),
+        value: kv.value,
+    }
+}
+
+impl Registry for Etcd {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, RegistryError> {
+        let request = self
+            .request(RangeRequest {
+                key: key.as_bytes().to_vec(),
+                ..Default::default()
+            })
+            .await?;
+        match call(self.kv().range(request)).await {
+            Ok(response) => Ok(response.kvs.into_iter().next().map(key_value)),
+            Err(e) => Err(self.failed(e).await),
+        }
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Listing, RegistryError> {
+        let end = prefix_end(prefix);
+        let mut listing = Listing::default();
+        let mut from = prefix.as_bytes().to_vec();
+        loop {
+            // Every page as of the first one's revision.
+            let request = self
+                .request(RangeRequest {
+                    key: from.clone(),
+                    range_end: end.clone(),
+                    limit: PAGE,
+                    revision: listing.revision,
+                })
+                .await?;
+            let response = match call(self.kv().range(request)).await {
+                Ok(response) => response,
+                Err(e) => return Err(self.failed(e).await),
+            };
+            if listing.revision == 0 {
+                listing.revision = response.header.map_or(0, |h| h.revision);
+            }
+            let Some(last) = response.kvs.last() else {
+                return Ok(listing);
+            };
+            from = last.key.clone();
+            from.push(0);
+            listing.kvs.extend(response.kvs.into_iter().map(key_value));
+            if !response.more {
+                return Ok(listing);
+            }
+        }
+    }
+
+    async fn create(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, RegistryError> {
+        let created = self
+            .with_lease(
+                ttl,
+                async |lease| {
+                    let put = PutRequest {
+                        key: key.as_bytes().to_vec(),
+                        value: value.as_bytes().to_vec(),
+                        lease,
+                    };
+                    let txn = TxnRequest {
+                        compare: vec![Compare {
+                            result: compare::CompareResult::Equal as i32,
+                            target: compare::CompareTarget::Version as i32,
+                            key: key.as_bytes().to_vec(),
+                            target_union: Some(compare::TargetUnion::Version(0)),
+                        }],
+                        success: vec![RequestOp {
+                            request: Some(request_op::Request::RequestPut(put)),
+                        }],
+                        failure: Vec::new(),
+                    };
+                    let request = self.request(txn).await?;
+                    Ok(call(self.kv().txn(request)).await?.succeeded)
+                },
+                |created| *created,
+            )
+            .await;
+        match created {
+            Ok(created) => Ok(created),
+            Err(e) => Err(self.failed(e).await),
+        }
+    }
+
+    async fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), RegistryError> {
+        let put = self
+            .with_lease(
+                ttl,
+                async |lease| {
+                    let request = self
+                        .request(PutRequest {
+                            key: key.as_bytes().to_vec(),
+                            value: value.as_bytes().to_vec(),
+                            lease,
+                        })
+                        .await?;
+                    call(self.kv().put(request)).await.map(|_| ())
+                },
+                |_| true,
+            )
+            .await;
+        match put {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self.failed(e).await),
+        }
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), RegistryError> {
+        let request = self
+            .request(DeleteRangeRequest {
+                key: key.as_bytes().to_vec(),
+                range_end: Vec::new(),
+            })
+            .await?;
+        match call(self.kv().delete_range(request)).await {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.failed(e).await),
+        }
+    }
+
+    async fn watch(&self, prefix: &str, revision: i64) -> Result<Watch, RegistryError> {
+        let create = WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(
+                WatchCreateRequest {
+                    key: prefix.as_bytes().to_vec(),
+                    range_end: prefix_end(prefix),
+                    start_revision: revision,
+                    progress_notify: true,
+                    prev_kv: false,
+                },
+            )),
+        };
+        // The request side stays open while the watch lives: etcd ends a
+        // watch whose client closes it.
+        let (requests_tx, requests_rx) = mpsc::channel(1);
+        requests_tx
+            .send(create)
+            .await
+            .expect("the receiver is right here");
+        let mut request = self
+            .request(tokio_stream::wrappers::ReceiverStream::new(requests_rx))
+            .await?;
+        // Fail the watch when its member loses the cluster's leader, as
+        // etcd's own clients ask, instead of waiting on a partitioned one.
+        request
+            .metadata_mut()
+            .insert("hasleader", "true".parse().expect("ASCII"));
+        let client =
+            WatchClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        let mut responses =
+            match tokio::time::timeout(CALL_TIMEOUT, { client }.watch(request)).await {
+                Ok(Ok(response)) => response.into_inner(),
+                Ok(Err(status)) => return Err(self.failed(status_error(&status)).await),
+                Err(_) => return Err(RegistryError::Unavailable("no answer to the watch".into())),
+            };
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let _keep_open = requests_tx;
+            while let Some(response) = responses.next().await {
+                let message = match response {
+                    Err(status) => Err(status_error(&status)),
+                    Ok(r) if r.compact_revision > 0 => Ok(WatchMessage::Compacted {
+                        compact_revision: r.compact_revision,
+                    }),
+                    Ok(r) if r.canceled => Err(RegistryError::Refused(format!(
+                        "watch canceled: {}",
+                        r.cancel_reason
+                    ))),
+                    Ok(r) if r.events.is_empty() => continue,
+                    Ok(r) => Ok(WatchMessage::Events {
+                        revision: r.header.map_or(0, |h| h.revision),
+                        events: r
+                            .events
+                            .into_iter()
+                            .filter_map(|e| {
+                                let delete = e.r#type == EventType::Delete as i32;
+                                let kv = key_value(e.kv?);
+                                Some(if delete {
+                                    Event::Delete { key: kv.key }
+                                } else {
+                                    Event::Put(kv)
+                                })
+                            })
+                            .collect(),
+                    }),
+                };
+                let last =
+                    message.is_err() || matches!(message, Ok(WatchMessage::Compacted { .. }));
+                if tx.send(message).await.is_err() || last {
+                    return;
+                }
+            }
+            let _ = tx
+                .send(Err(RegistryError::Unavailable(
+                    "the watch stream ended".into(),
+                )))
+                .await;
+        });
+        Ok(rx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends_bound_exactly_the_prefix() {
+        assert_eq!(
+            prefix_end("/coreos.com/network/subnets/"),
+            b"/coreos.com/network/subnets0"
+        );
+        assert_eq!(prefix_end("a"), b"b");
+    }
+
+    #[test]
+    fn bad_options_are_named() {
+        let options = |endpoints: &[&str]| EtcdOptions {
+            endpoints: endpoints.iter().map(|e| e.to_string()).collect(),
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            username: None,
+            password: None,
+        };
+        let err = |o: &EtcdOptions| Etcd::new(o).err().expect("refused").to_string();
+        assert!(
+            err(&options(&["127.0.0.1:2379"])).contains("\"127.0.0.1:2379\": must start with http")
+        );
+        assert!(err(&options(&["https://10.0.0.1:2379"])).contains("needs --etcd-cafile"));
+        assert!(err(&options(&[])).contains("no etcd endpoint"));
+        let mut o = options(&["http://127.0.0.1:2379"]);
+        o.cert_file = Some("/nonexistent/cert.pem".into());
+        assert!(err(&o).contains("go together"));
+        o.key_file = Some("/nonexistent/key.pem".into());
+        assert!(err(&o).contains("reading /nonexistent/cert.pem"));
+    }
+}

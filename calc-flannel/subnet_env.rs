@@ -1,0 +1,79 @@
+//! flannel's `subnet.env`, which CNI plugins read: the network, this node's
+//! subnet (its first address with the length, as flannel writes it), the
+//! MTU and whether flannel masquerades. Written atomically.
+
+use std::io::Write;
+use std::path::Path;
+
+use crate::network::NetworkConfig;
+use crate::subnet::{SubnetKey, nth_address};
+
+/// The file's text. calc-flannel does no outgoing NAT, so FLANNEL_IPMASQ
+/// is false: the CNI plugin then masquerades itself if asked to.
+pub fn render(config: &NetworkConfig, key: &SubnetKey, mtu: u32) -> String {
+    let mut text = String::new();
+    let first = |net: ipnetwork::IpNetwork| format!("{}/{}", nth_address(&net, 1), net.prefix());
+    text += &format!(
+        "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}\n",
+        config.v4.network,
+        first(ipnetwork::IpNetwork::V4(key.v4))
+    );
+    if let (Some(range), Some(v6)) = (&config.v6, key.v6) {
+        text += &format!(
+            "FLANNEL_IPV6_NETWORK={}\nFLANNEL_IPV6_SUBNET={}\n",
+            range.network,
+            first(ipnetwork::IpNetwork::V6(v6))
+        );
+    }
+    text += &format!("FLANNEL_MTU={mtu}\nFLANNEL_IPMASQ=false\n");
+    text
+}
+
+/// Replaces `path` with `text` in one step: a reader sees the old file or
+/// the new one, never half of one.
+pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut file = tempfile::Builder::new()
+        .prefix(".subnet.env")
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)?;
+    file.write_all(text.as_bytes())?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|e| e.error)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flannels_format() {
+        let config = NetworkConfig::parse(
+            r#"{"Network": "10.244.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:244::/48", "Backend": {"Type": "vxlan"}}"#,
+        )
+        .unwrap();
+        let key: SubnetKey = "10.244.58.0-24&fd00:244:0:3::-64".parse().unwrap();
+        assert_eq!(
+            render(&config, &key, 1450),
+            "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.58.1/24\n\
+             FLANNEL_IPV6_NETWORK=fd00:244::/48\nFLANNEL_IPV6_SUBNET=fd00:244:0:3::1/64\n\
+             FLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
+        );
+    }
+
+    #[test]
+    fn written_whole_with_its_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run/flannel/subnet.env");
+        write(&path, "FLANNEL_MTU=1\n").unwrap();
+        write(&path, "FLANNEL_MTU=2\n").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "FLANNEL_MTU=2\n");
+        let entries = std::fs::read_dir(path.parent().unwrap()).unwrap().count();
+        assert_eq!(entries, 1, "no temporary file left");
+    }
+}

@@ -1,0 +1,419 @@
+//! The pure core: the network config, this node's lease and the other
+//! nodes' leases, as the Felix messages vxmgrd programs (DESIGN.md §4b).
+//!
+//! vxlan: a lease is one VTEP (tunnel address = the subnet's network
+//! address, MAC = VtepMAC, parent = PublicIP) and one route per family to
+//! its subnet through it; this node's lease is the local VTEP, which gives
+//! vxmgrd the device. host-gw: a lease is one no-encap route per family via
+//! its PublicIP, and this node's lease names the parent address (a
+//! LOCAL_HOST route); there is no device.
+//!
+//! The view remembers what it sent for every lease, so a change sends the
+//! difference and a relisting sends only what changed while it was away.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use ipnetwork::IpNetwork;
+use tracing::{info, warn};
+use vxmgr::model::Family;
+use vxmgr::wire::felix::{
+    ConfigUpdate, InSync, IpPoolType, RouteRemove, RouteType, RouteUpdate, ToDataplane,
+    VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate, to_dataplane::Payload,
+};
+
+use crate::iface::Underlay;
+use crate::lease::Lease;
+use crate::network::{Backend, NetworkConfig};
+use crate::subnet::SubnetKey;
+
+#[cfg(test)]
+mod tests;
+
+/// This node, as the messages need it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Local {
+    /// vxmgrd's name for this node: the local VTEP's node.
+    pub hostname: String,
+    pub lease: Lease,
+    pub underlay: Underlay,
+}
+
+impl Local {
+    /// On this node's L2 segment.
+    fn on_link(&self, ip: IpAddr) -> bool {
+        self.underlay.networks.iter().any(|n| n.contains(ip))
+    }
+
+    /// The interface address of `family`: the VXLAN device's source, the
+    /// parent interface's address.
+    fn address(&self, family: Family) -> Option<IpAddr> {
+        match family {
+            Family::V4 => Some(IpAddr::V4(self.underlay.address_v4)),
+            Family::V6 => self.underlay.address_v6.map(IpAddr::V6),
+        }
+    }
+}
+
+/// What one lease was sent as.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Programmed {
+    vtep: Option<VxlanTunnelEndpointUpdate>,
+    routes: BTreeMap<String, RouteUpdate>,
+}
+
+impl Programmed {
+    fn vtep_families(&self) -> BTreeSet<Family> {
+        let Some(v) = &self.vtep else {
+            return BTreeSet::new();
+        };
+        let mut families = BTreeSet::new();
+        if !v.ipv4_addr.is_empty() {
+            families.insert(Family::V4);
+        }
+        if !v.ipv6_addr.is_empty() {
+            families.insert(Family::V6);
+        }
+        families
+    }
+}
+
+pub struct View {
+    config: NetworkConfig,
+    local: Local,
+    local_sent: Programmed,
+    remotes: BTreeMap<SubnetKey, Programmed>,
+    /// Why parts of a lease are not used, as last logged.
+    problems: BTreeMap<SubnetKey, Vec<String>>,
+}
+
+fn message(payload: Payload) -> ToDataplane {
+    ToDataplane {
+        sequence_number: 0,
+        payload: Some(payload),
+    }
+}
+
+impl View {
+    pub fn new(config: NetworkConfig, local: Local) -> View {
+        let mut view = View {
+            config,
+            local,
+            local_sent: Programmed::default(),
+            remotes: BTreeMap::new(),
+            problems: BTreeMap::new(),
+        };
+        view.local_sent = view.local_programmed();
+        view
+    }
+
+    pub fn local(&self) -> &Local {
+        &self.local
+    }
+
+    pub fn config(&self) -> &NetworkConfig {
+        &self.config
+    }
+
+    /// Leases of other nodes known, usable or not.
+    pub fn remote_count(&self) -> usize {
+        self.remotes.len()
+    }
+
+    /// The whole state, as a new stream starts: config, this node, every
+    /// other lease, InSync.
+    pub fn snapshot(&self) -> Vec<ToDataplane> {
+        let mut out = vec![self.config_update()];
+        let empty = Programmed::default();
+        diff(&self.local.hostname, &empty, &self.local_sent, &mut out);
+        for (key, sent) in &self.remotes {
+            diff(&key.to_string(), &empty, sent, &mut out);
+        }
+        out.push(message(Payload::InSync(InSync {})));
+        out
+    }
+
+    /// Another node's lease, new or changed.
+    pub fn put(&mut self, lease: &Lease) -> Vec<ToDataplane> {
+        let mut out = Vec::new();
+        self.put_into(lease, &mut out);
+        out
+    }
+
+    fn put_into(&mut self, lease: &Lease, out: &mut Vec<ToDataplane>) {
+        if lease.key == self.local.lease.key {
+            return;
+        }
+        let (wanted, problems) = self.remote_programmed(lease);
+        self.note_problems(lease.key, problems);
+        let sent = self.remotes.entry(lease.key).or_default();
+        diff(&lease.key.to_string(), sent, &wanted, out);
+        *sent = wanted;
+    }
+
+    /// Another node's lease deleted or expired.
+    pub fn delete(&mut self, key: &SubnetKey) -> Vec<ToDataplane> {
+        let mut out = Vec::new();
+        self.delete_into(key, &mut out);
+        out
+    }
+
+    fn delete_into(&mut self, key: &SubnetKey, out: &mut Vec<ToDataplane>) {
+        self.problems.remove(key);
+        if let Some(sent) = self.remotes.remove(key) {
+            diff(&key.to_string(), &sent, &Programmed::default(), out);
+        }
+    }
+
+    /// Every lease as listed again (after a compaction or an outage):
+    /// what changed since the view last heard. Keys listed with a value
+    /// that cannot be read keep what they had.
+    pub fn resync(
+        &mut self,
+        leases: &[Lease],
+        unreadable: &BTreeSet<SubnetKey>,
+    ) -> Vec<ToDataplane> {
+        let mut out = Vec::new();
+        let listed: BTreeSet<SubnetKey> = leases.iter().map(|l| l.key).collect();
+        let gone: Vec<SubnetKey> = self
+            .remotes
+            .keys()
+            .filter(|k| !listed.contains(k) && !unreadable.contains(k))
+            .copied()
+            .collect();
+        for key in &gone {
+            self.delete_into(key, &mut out);
+        }
+        for lease in leases {
+            self.put_into(lease, &mut out);
+        }
+        out
+    }
+
+    /// This node's lease is another one now (acquired again).
+    pub fn set_local_lease(&mut self, lease: Lease) -> Vec<ToDataplane> {
+        let mut out = Vec::new();
+        self.local.lease = lease;
+        let wanted = self.local_programmed();
+        diff(&self.local.hostname, &self.local_sent, &wanted, &mut out);
+        self.local_sent = wanted;
+        // A lease we knew as another node's may be ours now.
+        let key = self.local.lease.key;
+        self.delete_into(&key, &mut out);
+        out
+    }
+
+    fn note_problems(&mut self, key: SubnetKey, problems: Vec<String>) {
+        let before = self.problems.get(&key).cloned().unwrap_or_default();
+        if before == problems {
+            return;
+        }
+        for problem in &problems {
+            warn!(lease = %key, "{problem}");
+        }
+        if problems.is_empty() {
+            info!(lease = %key, "lease usable again");
+            self.problems.remove(&key);
+        } else {
+            self.problems.insert(key, problems);
+        }
+    }
+
+    fn config_update(&self) -> ToDataplane {
+        let mut config = std::collections::HashMap::new();
+        if let Backend::Vxlan(vxlan) = &self.config.backend {
+            let mtu = vxlan.mtu.map_or("0".to_string(), |m| m.to_string());
+            for (key, value) in [
+                ("VXLANVNI", vxlan.vni.to_string()),
+                ("VXLANPort", vxlan.port().to_string()),
+                ("VXLANMTU", mtu.clone()),
+                ("VXLANMTUV6", mtu),
+                ("VXLANDeviceName", format!("flannel.{}", vxlan.vni)),
+                ("VXLANDeviceNameV6", format!("flannel-v6.{}", vxlan.vni)),
+            ] {
+                config.insert(key.to_string(), value);
+            }
+        }
+        message(Payload::ConfigUpdate(ConfigUpdate {
+            config,
+            ..Default::default()
+        }))
+    }
+
+    /// The families a lease is used in: IPv4 always, IPv6 when the network
+    /// has it and the lease has an IPv6 subnet and address.
+    fn families(&self, lease: &Lease) -> Vec<(Family, IpNetwork, Option<IpAddr>)> {
+        let mut families = vec![(
+            Family::V4,
+            IpNetwork::V4(lease.key.v4),
+            Some(IpAddr::V4(lease.attrs.public_ip)),
+        )];
+        if let (Some(_), Some(v6)) = (&self.config.v6, lease.key.v6) {
+            families.push((
+                Family::V6,
+                IpNetwork::V6(v6),
+                lease.attrs.public_ipv6.map(IpAddr::V6),
+            ));
+        }
+        families
+    }
+
+    fn local_programmed(&self) -> Programmed {
+        let lease = &self.local.lease;
+        let mut p = Programmed::default();
+        for (family, subnet, public) in self.families(lease) {
+            let (Some(_), Some(address)) = (public, self.local.address(family)) else {
+                continue;
+            };
+            match &self.config.backend {
+                Backend::Vxlan(_) => {
+                    // Our own lease: we wrote its data.
+                    if let Ok(data) = lease.attrs.vxlan_data(family) {
+                        let vtep = p.vtep.get_or_insert_with(|| vtep(&self.local.hostname));
+                        set_vtep_family(vtep, family, &data.vtep_mac.to_string(), subnet, address);
+                    }
+                }
+                Backend::HostGw => {
+                    let dst = Family::host_net(address).to_string();
+                    p.routes.insert(
+                        dst.clone(),
+                        RouteUpdate {
+                            types: RouteType::LocalHost as i32,
+                            ip_pool_type: IpPoolType::NoEncap as i32,
+                            dst,
+                            dst_node_name: self.local.hostname.clone(),
+                            dst_node_ip: address.to_string(),
+                            ..Default::default()
+                        },
+                    );
+                }
+            }
+        }
+        p
+    }
+
+    /// What another node's lease is sent as, and why any part of it is not.
+    fn remote_programmed(&self, lease: &Lease) -> (Programmed, Vec<String>) {
+        let mut p = Programmed::default();
+        let mut problems = Vec::new();
+        let ours = self.config.backend.lease_type();
+        if lease.attrs.backend_type != ours {
+            problems.push(format!(
+                "ignored: backend type {:?}, this network's is {ours:?}",
+                lease.attrs.backend_type
+            ));
+            return (p, problems);
+        }
+        let node = lease.key.to_string();
+        for (family, subnet, public) in self.families(lease) {
+            let Some(public) = public else {
+                problems.push(format!("{family} not used: no PublicIPv6"));
+                continue;
+            };
+            let mut route = RouteUpdate {
+                types: RouteType::RemoteWorkload as i32,
+                dst: subnet.to_string(),
+                dst_node_name: node.clone(),
+                dst_node_ip: public.to_string(),
+                ..Default::default()
+            };
+            match &self.config.backend {
+                Backend::Vxlan(vxlan) => {
+                    let data = match lease.attrs.vxlan_data(family) {
+                        Ok(data) => data,
+                        Err(e) => {
+                            problems.push(format!("{family} not used: {e}"));
+                            continue;
+                        }
+                    };
+                    let vtep = p.vtep.get_or_insert_with(|| vtep(&node));
+                    set_vtep_family(vtep, family, &data.vtep_mac.to_string(), subnet, public);
+                    route.ip_pool_type = IpPoolType::Vxlan as i32;
+                    route.same_subnet = vxlan.direct_routing && self.local.on_link(public);
+                }
+                Backend::HostGw => {
+                    if !self.local.on_link(public) {
+                        problems.push(format!(
+                            "{family} route not programmed: host-gw needs every node on one L2 segment, and PublicIP {public} is on none of this node's networks ({})",
+                            self.underlay_text()
+                        ));
+                        continue;
+                    }
+                    route.ip_pool_type = IpPoolType::NoEncap as i32;
+                }
+            }
+            p.routes.insert(route.dst.clone(), route);
+        }
+        (p, problems)
+    }
+
+    fn underlay_text(&self) -> String {
+        let nets: Vec<String> = self
+            .local
+            .underlay
+            .networks
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        nets.join(", ")
+    }
+}
+
+fn vtep(node: &str) -> VxlanTunnelEndpointUpdate {
+    VxlanTunnelEndpointUpdate {
+        node: node.to_string(),
+        ..Default::default()
+    }
+}
+
+fn set_vtep_family(
+    vtep: &mut VxlanTunnelEndpointUpdate,
+    family: Family,
+    mac: &str,
+    subnet: IpNetwork,
+    parent: IpAddr,
+) {
+    let tunnel = subnet.network().to_string();
+    match family {
+        Family::V4 => {
+            vtep.mac = mac.to_string();
+            vtep.ipv4_addr = tunnel;
+            vtep.parent_device_ip = parent.to_string();
+        }
+        Family::V6 => {
+            vtep.mac_v6 = mac.to_string();
+            vtep.ipv6_addr = tunnel;
+            vtep.parent_device_ipv6 = parent.to_string();
+        }
+    }
+}
+
+/// The messages that take vxmgrd from `before` to `after` for `node`:
+/// routes going first, then the VTEP, then routes coming (so they find it).
+fn diff(node: &str, before: &Programmed, after: &Programmed, out: &mut Vec<ToDataplane>) {
+    for dst in before.routes.keys() {
+        if !after.routes.contains_key(dst) {
+            out.push(message(Payload::RouteRemove(RouteRemove {
+                dst: dst.clone(),
+            })));
+        }
+    }
+    // vxmgrd ignores a VTEP update's missing family: a family that goes
+    // needs the VTEP removed first.
+    let dropped = !before.vtep_families().is_subset(&after.vtep_families());
+    if before.vtep.is_some() && (after.vtep.is_none() || dropped) {
+        out.push(message(Payload::VtepRemove(VxlanTunnelEndpointRemove {
+            node: node.to_string(),
+        })));
+    }
+    if let Some(vtep) = &after.vtep
+        && (before.vtep.as_ref() != Some(vtep) || dropped)
+    {
+        out.push(message(Payload::VtepUpdate(vtep.clone())));
+    }
+    for (dst, route) in &after.routes {
+        if before.routes.get(dst) != Some(route) {
+            out.push(message(Payload::RouteUpdate(route.clone())));
+        }
+    }
+}
