@@ -27,6 +27,9 @@ use crate::subnet_env;
 use crate::view::{Local, View};
 use crate::vtep_mac;
 
+#[cfg(test)]
+mod tests;
+
 #[derive(Clone, Debug)]
 pub struct AgentOptions {
     /// Everything flannel keeps in etcd is under it.

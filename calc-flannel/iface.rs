@@ -48,7 +48,7 @@ struct Pick<'a> {
     address: IpAddr,
 }
 
-fn by_address<'a>(host: &'a HostNetwork, ip: IpAddr) -> Option<&'a Interface> {
+fn by_address(host: &HostNetwork, ip: IpAddr) -> Option<&Interface> {
     host.interfaces
         .iter()
         .find(|i| i.addresses.iter().any(|n| n.ip() == ip))

@@ -21,6 +21,8 @@ struct Store {
     down: bool,
     /// Writes per TTL: tests check that leases are bound to one.
     ttls: Vec<Duration>,
+    /// Reads per key.
+    gets: BTreeMap<String, usize>,
 }
 
 #[derive(Clone, Default)]
@@ -139,6 +141,26 @@ impl MemoryRegistry {
         }
     }
 
+    /// How often `key` was read.
+    pub fn gets_of(&self, key: &str) -> usize {
+        self.store
+            .lock()
+            .unwrap()
+            .gets
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Ends every watch as etcd does when its revision is compacted away.
+    pub fn break_watches_with_compaction(&self) {
+        let mut store = self.store.lock().unwrap();
+        let compact_revision = store.compacted;
+        for (_, tx) in store.watchers.drain(..) {
+            let _ = tx.try_send(Ok(WatchMessage::Compacted { compact_revision }));
+        }
+    }
+
     pub fn watchers(&self) -> usize {
         let mut store = self.store.lock().unwrap();
         store.watchers.retain(|(_, tx)| !tx.is_closed());
@@ -149,6 +171,7 @@ impl MemoryRegistry {
 impl Registry for MemoryRegistry {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, RegistryError> {
         self.with(|s| {
+            *s.gets.entry(key.to_string()).or_default() += 1;
             Ok(s.keys.get(key).map(|value| KeyValue {
                 key: key.into(),
                 value: value.clone(),

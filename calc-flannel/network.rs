@@ -238,7 +238,7 @@ impl FamilyFields {
                     format!("not in {} ({network})", self.network),
                 ));
             }
-            if to_bits(ip) % size != 0 {
+            if !to_bits(ip).is_multiple_of(size) {
                 return Err(bad(
                     name,
                     raw,

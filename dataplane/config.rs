@@ -28,27 +28,25 @@ pub struct Settings {
 /// The VXLAN device of each family, by name: vxmgr owns the devices of
 /// the names in effect (and what is on them).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceNames {
-    v4: Arc<str>,
-    v6: Arc<str>,
-}
+pub struct DeviceNames(Arc<[Arc<str>; 2]>);
 
 impl DeviceNames {
+    fn new(v4: Arc<str>, v6: Arc<str>) -> DeviceNames {
+        DeviceNames(Arc::new([v4, v6]))
+    }
+
     pub fn of(&self, family: Family) -> &Arc<str> {
-        match family {
-            Family::V4 => &self.v4,
-            Family::V6 => &self.v6,
-        }
+        &self.0[family as usize]
     }
 }
 
 /// Felix's names.
 impl Default for DeviceNames {
     fn default() -> Self {
-        DeviceNames {
-            v4: Arc::from(Family::V4.device_name()),
-            v6: Arc::from(Family::V6.device_name()),
-        }
+        DeviceNames::new(
+            Arc::from(Family::V4.device_name()),
+            Arc::from(Family::V6.device_name()),
+        )
     }
 }
 
@@ -93,10 +91,14 @@ impl SettingsLayer {
             route_refresh_interval: self
                 .route_refresh_interval
                 .unwrap_or(base.route_refresh_interval),
-            device_names: DeviceNames {
-                v4: self.device_v4.clone().unwrap_or(base.device_names.v4),
-                v6: self.device_v6.clone().unwrap_or(base.device_names.v6),
-            },
+            device_names: DeviceNames::new(
+                self.device_v4
+                    .clone()
+                    .unwrap_or_else(|| base.device_names.of(Family::V4).clone()),
+                self.device_v6
+                    .clone()
+                    .unwrap_or_else(|| base.device_names.of(Family::V6).clone()),
+            ),
         }
     }
 }

@@ -1,0 +1,388 @@
+//! The agent on the in-memory etcd, with a real vxmgrd in-process on its
+//! memory kernel: what vxmgrd ends up with after leases come, change and
+//! go in bursts, across compactions, outages and restarts.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use vxmgr::config::SettingsLayer;
+use vxmgr::daemon::{ChecksumOffloadBroken, DaemonOptions, KernelKind};
+use vxmgr::reconciler::NexthopMode;
+use vxmgr::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
+
+use super::*;
+use crate::host::Interface;
+use crate::memory_registry::MemoryRegistry;
+
+const CONFIG_KEY: &str = "/coreos.com/network/config";
+const SUBNETS: &str = "/coreos.com/network/subnets/";
+const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "vxlan"}}"#;
+
+/// vxmgrd (memory kernel) in this process, and the in-memory etcd.
+struct Rig {
+    dir: tempfile::TempDir,
+    socket: PathBuf,
+    registry: MemoryRegistry,
+    stop: Option<oneshot::Sender<()>>,
+    daemon: JoinHandle<()>,
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("vxmgr.sock");
+        let options = DaemonOptions {
+            socket: socket.clone(),
+            socket_group: None,
+            allow_uids: Vec::new(),
+            hostname: "node-1".into(),
+            kernel: KernelKind::Memory,
+            batch_interval: Duration::from_millis(2),
+            heartbeat_interval: Duration::from_secs(3600),
+            device_check_interval: Duration::from_secs(3600),
+            contest_window: vxmgr::reconciler::CONTEST_WINDOW,
+            response_buffer: vxmgr::server::RESPONSE_BUFFER,
+            nexthops: NexthopMode::On,
+            checksum_offload_broken: ChecksumOffloadBroken::False,
+            flags: SettingsLayer::default(),
+            record: None,
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let daemon = tokio::spawn(async move {
+            vxmgr::daemon::run(options, async {
+                let _ = stopped.await;
+            })
+            .await
+            .expect("vxmgrd runs");
+        });
+        let rig = Rig {
+            dir,
+            socket,
+            registry: MemoryRegistry::default(),
+            stop: Some(stop),
+            daemon,
+        };
+        rig.until("vxmgrd answers", |_| true).await;
+        rig
+    }
+
+    fn subnet_file(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// An agent of a node at `ip` on 192.168.10.0/24, running.
+    fn agent(&self, ip: &str) -> JoinHandle<()> {
+        let host = HostNetwork {
+            interfaces: vec![Interface {
+                name: "eth0".into(),
+                index: 2,
+                mtu: 1500,
+                up: true,
+                addresses: vec![format!("{ip}/24").parse().unwrap()],
+            }],
+            default_v4: Some(2),
+            default_v6: None,
+        };
+        let options = AgentOptions {
+            prefix: "/coreos.com/network".into(),
+            subnet_file: self.subnet_file(&format!("{ip}.env")),
+            lease_ttl: Duration::from_secs(86_400),
+            renew_margin: Duration::from_secs(3600),
+            iface: IfaceSpec::default(),
+        };
+        let agent = Agent::new(
+            self.registry.clone(),
+            Dataplane::new(&self.socket),
+            host,
+            options,
+        );
+        tokio::spawn(async move {
+            agent.run().await.expect("the agent runs");
+        })
+    }
+
+    async fn state(&self) -> Option<DataplaneState> {
+        let mut client = vxmgr::client::dataplane(&self.socket).await.ok()?;
+        Some(
+            client
+                .get_state(GetStateRequest {})
+                .await
+                .ok()?
+                .into_inner(),
+        )
+    }
+
+    /// Waits (up to 20 s) for vxmgrd's state to satisfy `done`.
+    async fn until(&self, what: &str, done: impl Fn(&DataplaneState) -> bool) -> DataplaneState {
+        let wait = async {
+            loop {
+                if let Some(state) = self.state().await.filter(|s| done(s)) {
+                    return state;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        };
+        match tokio::time::timeout(Duration::from_secs(20), wait).await {
+            Ok(state) => state,
+            Err(_) => panic!(
+                "{what}: not within 20 s; vxmgrd has {:#?}",
+                self.state().await
+            ),
+        }
+    }
+
+    /// Lease keys, without the prefix.
+    fn leases(&self) -> Vec<String> {
+        self.registry
+            .keys()
+            .into_iter()
+            .filter_map(|k| k.strip_prefix(SUBNETS).map(str::to_string))
+            .collect()
+    }
+
+    async fn until_leases(&self, n: usize) -> Vec<String> {
+        eventually(&format!("{n} leases"), || self.leases().len() >= n).await;
+        self.leases()
+    }
+}
+
+/// Waits (up to 20 s) for `done`.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let wait = async {
+        while !done() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(20), wait)
+        .await
+        .is_err()
+    {
+        panic!("{what}: not within 20 s");
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.daemon.abort();
+    }
+}
+
+/// Another node's vxlan lease value.
+fn remote(n: u32) -> (String, String) {
+    (
+        format!("{SUBNETS}10.50.{}.{}-28", 100 + n / 16, (n % 16) * 16),
+        format!(
+            r#"{{"PublicIP":"172.16.{}.{}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"0e:00:00:00:{:02x}:{:02x}"}}}}"#,
+            n / 250,
+            n % 250 + 1,
+            n / 256,
+            n % 256
+        ),
+    )
+}
+
+fn puts(range: std::ops::Range<u32>) -> Vec<Event> {
+    range
+        .map(|n| {
+            let (key, value) = remote(n);
+            Event::Put(KeyValue {
+                key,
+                value: value.into_bytes(),
+            })
+        })
+        .collect()
+}
+
+fn routes(state: &DataplaneState) -> BTreeSet<String> {
+    let v4 = state.ipv4.as_ref().expect("IPv4 state");
+    v4.tunnel_routes
+        .iter()
+        .map(|r| r.dst.clone())
+        .chain(v4.direct_routes.iter().map(|r| r.dst.clone()))
+        .collect()
+}
+
+fn remote_dst(n: u32) -> String {
+    format!("10.50.{}.{}/28", 100 + n / 16, (n % 16) * 16)
+}
+
+#[tokio::test]
+async fn programs_every_event_of_every_response() {
+    let rig = Rig::start().await;
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    rig.registry.transaction(puts(0..3));
+    let agent = rig.agent("192.168.10.1");
+    let state = rig
+        .until("three remote routes and the device", |s| {
+            routes(s).len() == 3 && s.ipv4.as_ref().is_some_and(|v| v.device.is_some())
+        })
+        .await;
+    let local = state
+        .ipv4
+        .as_ref()
+        .unwrap()
+        .local_vtep
+        .as_ref()
+        .expect("local VTEP");
+    assert_eq!(local.node, "node-1");
+    assert_eq!(local.parent_address, "192.168.10.1");
+    let device = state
+        .ipv4
+        .as_ref()
+        .unwrap()
+        .device
+        .as_ref()
+        .expect("device");
+    assert_eq!(
+        (device.name.as_str(), device.vni, device.port),
+        ("flannel.1", 1, 8472)
+    );
+
+    let own: Vec<String> = rig
+        .leases()
+        .into_iter()
+        .filter(|k| k.ends_with("-24"))
+        .collect();
+    assert_eq!(own.len(), 1, "{own:?}");
+    let value = rig.registry.value(&format!("{SUBNETS}{}", own[0])).unwrap();
+    assert!(value.starts_with(r#"{"PublicIP":"192.168.10.1","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":""#), "{value}");
+    assert_eq!(rig.registry.ttls(), [Duration::from_secs(86_400)]);
+    let env = std::fs::read_to_string(rig.subnet_file("192.168.10.1.env")).unwrap();
+    let subnet = own[0].trim_end_matches("-24").trim_end_matches(".0");
+    assert!(
+        env.contains(&format!("FLANNEL_SUBNET={subnet}.1/24\n")),
+        "{env}"
+    );
+    assert!(env.contains("FLANNEL_MTU=1450\n"), "{env}");
+
+    // 100 leases in one revision, one watch response: every one counts.
+    rig.registry.transaction(puts(3..103));
+    rig.until("103 routes", |s| routes(s).len() == 103).await;
+    let gone: Vec<Event> = (0..50)
+        .map(|n| Event::Delete { key: remote(n).0 })
+        .collect();
+    rig.registry.transaction(gone);
+    let state = rig.until("53 routes", |s| routes(s).len() == 53).await;
+    assert_eq!(routes(&state), (50..103).map(remote_dst).collect());
+    agent.abort();
+}
+
+#[tokio::test]
+async fn waits_for_a_usable_config() {
+    let rig = Rig::start().await;
+    rig.registry
+        .set(CONFIG_KEY, r#"{"Network": "10.50.0.0/16"}"#);
+    let agent = rig.agent("192.168.10.1");
+    eventually("the config read twice", || {
+        rig.registry.gets_of(CONFIG_KEY) >= 2
+    })
+    .await;
+    assert!(rig.leases().is_empty(), "no lease without a config");
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    assert_eq!(rig.until_leases(1).await.len(), 1);
+    agent.abort();
+}
+
+#[tokio::test]
+async fn a_restarted_agent_keeps_its_lease() {
+    let rig = Rig::start().await;
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    let agent = rig.agent("192.168.10.1");
+    let before = rig.until_leases(1).await;
+    rig.until("the local VTEP", |s| {
+        s.ipv4.as_ref().is_some_and(|v| v.local_vtep.is_some())
+    })
+    .await;
+    agent.abort();
+    let _ = agent.await;
+    let again = rig.agent("192.168.10.1");
+    // Renewed on start (a second write), same key.
+    eventually("the lease written again", || rig.registry.ttls().len() >= 2).await;
+    assert_eq!(rig.leases(), before);
+    again.abort();
+}
+
+#[tokio::test]
+async fn changes_missed_in_an_outage_or_compaction_are_found_by_listing_again() {
+    let rig = Rig::start().await;
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    rig.registry.transaction(puts(0..10));
+    let agent = rig.agent("192.168.10.1");
+    rig.until("ten routes", |s| routes(s).len() == 10).await;
+
+    rig.registry.set_down(true);
+    // What changes meanwhile, the agent cannot see but must not lose.
+    rig.registry
+        .transaction(vec![Event::Delete { key: remote(0).0 }]);
+    rig.registry.transaction(puts(10..12));
+    rig.registry.compact();
+    rig.registry.set_down(false);
+    let state = rig.until("the changes", |s| routes(s).len() == 11).await;
+    assert_eq!(routes(&state), (1..12).map(remote_dst).collect());
+
+    // A watch that falls behind a compaction lists again too.
+    eventually("a watch again", || rig.registry.watchers() > 0).await;
+    rig.registry.transaction(puts(12..13));
+    rig.registry.compact();
+    rig.registry.break_watches_with_compaction();
+    rig.registry.transaction(puts(13..14));
+    rig.until("13 routes", |s| routes(s).len() == 13).await;
+    agent.abort();
+}
+
+#[tokio::test]
+async fn our_deleted_lease_is_taken_again() {
+    let rig = Rig::start().await;
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    let agent = rig.agent("192.168.10.1");
+    let before = rig.until_leases(1).await;
+    let key = format!("{SUBNETS}{}", before[0]);
+    rig.registry.remove(&key);
+    rig.until_leases(1).await;
+    assert_eq!(rig.leases(), before, "the same subnet, free again");
+    agent.abort();
+}
+
+#[tokio::test]
+async fn bad_leases_are_skipped_and_never_cost_a_good_route() {
+    let rig = Rig::start().await;
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    rig.registry.transaction(puts(0..2));
+    let agent = rig.agent("192.168.10.1");
+    rig.until("two routes", |s| routes(s).len() == 2).await;
+    rig.registry.set(&remote(0).0, "{not json");
+    rig.registry.set(
+        &format!("{SUBNETS}10.50.200.0-24"),
+        r#"{"PublicIP":"300.1.1.1"}"#,
+    );
+    rig.registry.set(&format!("{SUBNETS}not-a-subnet"), "{}");
+    rig.registry.transaction(puts(2..3));
+    let state = rig.until("three routes", |s| routes(s).len() == 3).await;
+    assert_eq!(routes(&state), (0..3).map(remote_dst).collect());
+    agent.abort();
+}
+
+#[tokio::test]
+async fn agents_starting_together_get_different_subnets() {
+    let rig = Rig::start().await;
+    // Room for exactly three subnets: every start contends.
+    rig.registry.set(
+        CONFIG_KEY,
+        r#"{"Network": "10.50.0.0/16", "SubnetMin": "10.50.1.0", "SubnetMax": "10.50.3.0", "Backend": {"Type": "vxlan"}}"#,
+    );
+    let agents: Vec<JoinHandle<()>> = (1..=3)
+        .map(|i| rig.agent(&format!("192.168.10.{i}")))
+        .collect();
+    let mut leases = rig.until_leases(3).await;
+    leases.sort();
+    assert_eq!(leases, ["10.50.1.0-24", "10.50.2.0-24", "10.50.3.0-24"]);
+    for agent in agents {
+        agent.abort();
+    }
+}
