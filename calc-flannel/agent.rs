@@ -293,9 +293,15 @@ impl<R: Registry> Agent<R> {
                     None => allocate::choose(config, &taken, &mut random_index)
                         .map_err(|e| RegistryError::Refused(e.to_string()))?,
                 };
+                // No other lease of this IPv4 subnet either, whatever its
+                // IPv6 part (a flanneld picks that at random).
+                let guard = self.lease_key(&SubnetKey {
+                    v4: key.v4,
+                    v6: None,
+                });
                 if self
                     .registry
-                    .create(&self.lease_key(&key), &value, ttl)
+                    .create(&self.lease_key(&key), &guard, &value, ttl)
                     .await?
                 {
                     info!(lease = %key, "acquired a new lease");

@@ -16,26 +16,31 @@ const CANDIDATES: usize = 100;
 pub struct NetworkFull(SubnetRange);
 
 /// A free subnet of each family the config enables. `random(n)` picks an
-/// index below `n`.
+/// index below `n`. The IPv6 subnet is the one at the IPv4 subnet's place
+/// in its range when that is free: two nodes that want the same IPv4
+/// subnet then want the same key, and the create transaction lets one
+/// have it.
 pub fn choose(
     config: &NetworkConfig,
     leased: &[SubnetKey],
     random: &mut impl FnMut(usize) -> usize,
 ) -> Result<SubnetKey, NetworkFull> {
-    let v4 = pick(
-        &config.v4,
-        leased.iter().map(|k| IpNetwork::V4(k.v4)),
-        random,
-    )?;
+    let taken = Taken::of(leased.iter().map(|k| IpNetwork::V4(k.v4)));
+    let v4 = pick(&config.v4, &taken, random)?;
+    let place = (to_bits(v4.ip()) - to_bits(config.v4.min)) / config.v4.subnet_size();
     let v6 = config
         .v6
         .as_ref()
         .map(|range| {
-            pick(
-                range,
-                leased.iter().filter_map(|k| k.v6.map(IpNetwork::V6)),
-                random,
-            )
+            let taken = Taken::of(leased.iter().filter_map(|k| k.v6.map(IpNetwork::V6)));
+            let paired = usize::try_from(place)
+                .ok()
+                .and_then(|place| range.subnets().nth(place))
+                .filter(|n| !taken.overlaps(n));
+            match paired {
+                Some(paired) => Ok(paired),
+                None => pick(range, &taken, random),
+            }
         })
         .transpose()?;
     let (IpNetwork::V4(v4), None | Some(IpNetwork::V6(_))) = (v4, v6) else {
@@ -50,10 +55,9 @@ pub fn choose(
 
 fn pick(
     range: &SubnetRange,
-    leased: impl Iterator<Item = IpNetwork>,
+    taken: &Taken,
     random: &mut impl FnMut(usize) -> usize,
 ) -> Result<IpNetwork, NetworkFull> {
-    let taken = Taken::of(leased);
     let free: Vec<IpNetwork> = range
         .subnets()
         .filter(|net| !taken.overlaps(net))
@@ -123,13 +127,19 @@ mod tests {
     }
 
     #[test]
-    fn dual_stack_keys_get_both_families() {
+    fn dual_stack_keys_pair_the_ipv6_subnet_with_the_ipv4_one() {
         let c = config(
             r#"{"Network": "10.0.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00::/48", "Backend": {"Type": "vxlan"}}"#,
         );
         let leased = [key("10.0.1.0-24&fd00:0:0:1::-64")];
         let k = choose(&c, &leased, &mut |_| 0).unwrap();
         assert_eq!(k.to_string(), "10.0.2.0-24&fd00:0:0:2::-64");
+        let k = choose(&c, &leased, &mut |_| 5).unwrap();
+        assert_eq!(k.to_string(), "10.0.7.0-24&fd00:0:0:7::-64");
+        // Its partner taken (a flanneld chooses at random): any free one.
+        let leased = [key("10.0.1.0-24&fd00:0:0:2::-64")];
+        let k = choose(&c, &leased, &mut |_| 0).unwrap();
+        assert_eq!(k.to_string(), "10.0.2.0-24&fd00:0:0:1::-64");
     }
 
     #[test]

@@ -296,7 +296,13 @@ impl Registry for Etcd {
         }
     }
 
-    async fn create(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, RegistryError> {
+    async fn create(
+        &self,
+        key: &str,
+        guard: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<bool, RegistryError> {
         let created = self
             .with_lease(
                 ttl,
@@ -307,11 +313,14 @@ impl Registry for Etcd {
                         lease,
                     };
                     let txn = TxnRequest {
+                        // Over a range, etcd compares every key in it, and
+                        // an empty range as a key of version 0.
                         compare: vec![Compare {
                             result: compare::CompareResult::Equal as i32,
                             target: compare::CompareTarget::Version as i32,
-                            key: key.as_bytes().to_vec(),
+                            key: guard.as_bytes().to_vec(),
                             target_union: Some(compare::TargetUnion::Version(0)),
+                            range_end: prefix_end(guard),
                         }],
                         success: vec![RequestOp {
                             request: Some(request_op::Request::RequestPut(put)),

@@ -196,9 +196,15 @@ impl Registry for MemoryRegistry {
         })
     }
 
-    async fn create(&self, key: &str, value: &str, ttl: Duration) -> Result<bool, RegistryError> {
+    async fn create(
+        &self,
+        key: &str,
+        guard: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<bool, RegistryError> {
         self.with(|s| {
-            if s.keys.contains_key(key) {
+            if s.keys.keys().any(|k| k.starts_with(guard)) {
                 return Ok(false);
             }
             s.ttls.push(ttl);

@@ -61,11 +61,13 @@ pub trait Registry: Send + Sync + 'static {
     /// Every key under `prefix`.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Listing, RegistryError>> + Send;
 
-    /// Creates `key`, bound to a new etcd lease of `ttl`, unless it exists
-    /// (a transaction on the key's version being 0). False: it exists.
+    /// Creates `key`, bound to a new etcd lease of `ttl`, unless a key
+    /// starting with `guard` (`key` itself, or a prefix of it) exists: one
+    /// transaction on every such key's version being 0. False: one exists.
     fn create(
         &self,
         key: &str,
+        guard: &str,
         value: &str,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, RegistryError>> + Send;

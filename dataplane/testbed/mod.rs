@@ -7,6 +7,8 @@
 pub mod census;
 pub mod churn;
 mod cluster;
+pub mod etcd;
+pub mod flannel;
 mod monitor;
 
 use std::io;
@@ -15,6 +17,7 @@ use std::process::{Command, Output};
 pub use census::Census;
 pub use churn::Churn;
 pub use cluster::{Binaries, Cluster, Node};
+pub use flannel::FlannelCluster;
 pub use monitor::Monitor;
 
 #[derive(Debug, thiserror::Error)]

@@ -287,6 +287,7 @@ pub fn say(message: &str) {
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
+pub mod flannel;
 pub mod netns;
 
 /// An open Sync stream.

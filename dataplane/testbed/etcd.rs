@@ -1,0 +1,259 @@
+//! A real etcd for the namespace tests, the demo and the benchmarks: the
+//! `etcd` binary (Debian's etcd-server) on a data directory of its own,
+//! in the namespace given, listening there over TCP and, for this process
+//! in whatever namespace it is, on a unix socket in its directory. Stopped
+//! and started again on the same data; killed when dropped.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use tonic::transport::Channel;
+
+use super::{Result, TestbedError};
+use crate::wire::etcd::{
+    DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, kv_client::KvClient,
+    request_op,
+};
+
+/// How long etcd may take to serve.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The socket etcd makes of `unix://etcd.sock:0`, in its working directory.
+const SOCKET: &str = "etcd.sock:0";
+
+/// Whether the `etcd` binary is on the PATH.
+pub fn available() -> bool {
+    Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+pub struct EtcdServer {
+    ns: Option<String>,
+    dir: PathBuf,
+    /// `http://<address>:2379` in its namespace.
+    client_url: String,
+    peer_url: String,
+    child: Option<Child>,
+}
+
+impl EtcdServer {
+    /// Starts etcd in namespace `ns` (`None`: this one) on `address`, ports
+    /// 2379 and 2380 unless the address is a loopback one (then free ports
+    /// are picked), with its data, socket and log in `dir`.
+    pub fn start(ns: Option<&str>, address: &str, dir: &Path) -> Result<EtcdServer> {
+        std::fs::create_dir_all(dir)?;
+        let (client, peer) = if ns.is_none() {
+            (free_port()?, free_port()?)
+        } else {
+            (2379, 2380)
+        };
+        let host = if address.contains(':') {
+            format!("[{address}]")
+        } else {
+            address.to_string()
+        };
+        let mut server = EtcdServer {
+            ns: ns.map(str::to_string),
+            dir: dir.to_path_buf(),
+            client_url: format!("http://{host}:{client}"),
+            peer_url: format!("http://{host}:{peer}"),
+            child: None,
+        };
+        server.start_again()?;
+        Ok(server)
+    }
+
+    pub fn client_url(&self) -> &str {
+        &self.client_url
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("etcd.log")
+    }
+
+    /// Starts etcd (again, on the same data) and waits until it serves.
+    pub fn start_again(&mut self) -> Result<()> {
+        let mut command = match &self.ns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "etcd"]);
+                c
+            }
+            None => Command::new("etcd"),
+        };
+        let mut child = command
+            .current_dir(&self.dir)
+            .args(["--name", "default", "--data-dir", "data"])
+            .arg("--listen-client-urls")
+            .arg(format!("{},unix://{SOCKET}", self.client_url))
+            .args(["--advertise-client-urls", &self.client_url])
+            .args(["--listen-peer-urls", &self.peer_url])
+            .args(["--initial-advertise-peer-urls", &self.peer_url])
+            .arg("--initial-cluster")
+            .arg(format!("default={}", self.peer_url))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| TestbedError::Spawn {
+                command: "etcd".into(),
+                source,
+            })?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())?;
+        let (ready_tx, ready_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut listeners_ready = 0;
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                let _ = writeln!(log, "{line}");
+                // Once per listener: TCP and the socket.
+                if line.contains("ready to serve client requests") {
+                    listeners_ready += 1;
+                    if listeners_ready == 2 {
+                        let _ = ready_tx.send(());
+                    }
+                }
+            }
+        });
+        if ready_rx.recv_timeout(START_TIMEOUT).is_err() {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(TestbedError::Timeout {
+                what: "etcd serving".into(),
+                timeout: START_TIMEOUT,
+                seen: std::fs::read_to_string(self.log_path()).unwrap_or_default(),
+            });
+        }
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Stops etcd (SIGTERM) and waits for it; its data stays.
+    pub fn stop(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            // `ip netns exec` execs etcd: the child's pid is etcd's.
+            // SAFETY: kill(2) on our own child.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGTERM);
+            }
+            child.wait()?;
+        }
+        Ok(())
+    }
+
+    /// A client over the unix socket, from this process's namespace.
+    pub async fn client(&self) -> Result<EtcdClient> {
+        let channel = crate::client::connect(&self.dir.join(SOCKET))
+            .await
+            .map_err(|e| {
+                TestbedError::Io(std::io::Error::other(format!("connecting to etcd: {e}")))
+            })?;
+        Ok(EtcdClient {
+            kv: KvClient::new(channel).max_decoding_message_size(64 << 20),
+        })
+    }
+}
+
+impl EtcdServer {
+    /// Leaves etcd running when dropped.
+    pub fn keep(&mut self) {
+        std::mem::forget(self.child.take());
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Writes and reads as another node or an operator would.
+#[derive(Clone)]
+pub struct EtcdClient {
+    kv: KvClient<Channel>,
+}
+
+fn rpc(e: tonic::Status) -> TestbedError {
+    TestbedError::Io(std::io::Error::other(format!("etcd: {e}")))
+}
+
+fn put(key: &str, value: &str) -> PutRequest {
+    PutRequest {
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        lease: 0,
+    }
+}
+
+impl EtcdClient {
+    pub async fn put(&mut self, key: &str, value: &str) -> Result<()> {
+        self.kv.put(put(key, value)).await.map_err(rpc)?;
+        Ok(())
+    }
+
+    /// Several keys in one transaction (one revision).
+    pub async fn put_all(&mut self, pairs: &[(String, String)]) -> Result<()> {
+        let success = pairs
+            .iter()
+            .map(|(k, v)| RequestOp {
+                request: Some(request_op::Request::RequestPut(put(k, v))),
+            })
+            .collect();
+        let txn = TxnRequest {
+            compare: Vec::new(),
+            success,
+            failure: Vec::new(),
+        };
+        self.kv.txn(txn).await.map_err(rpc)?;
+        Ok(())
+    }
+
+    pub async fn delete(&mut self, key: &str) -> Result<()> {
+        let request = DeleteRangeRequest {
+            key: key.as_bytes().to_vec(),
+            range_end: Vec::new(),
+        };
+        self.kv.delete_range(request).await.map_err(rpc)?;
+        Ok(())
+    }
+
+    /// Every key under `prefix` with its value.
+    pub async fn list(&mut self, prefix: &str) -> Result<Vec<(String, String)>> {
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        let request = RangeRequest {
+            key: prefix.as_bytes().to_vec(),
+            range_end: end,
+            ..Default::default()
+        };
+        let kvs = self.kv.range(request).await.map_err(rpc)?.into_inner().kvs;
+        Ok(kvs
+            .into_iter()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&kv.key).into_owned(),
+                    String::from_utf8_lossy(&kv.value).into_owned(),
+                )
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,241 @@
+//! flannel mode in the testbed: an etcd on the underlay (at 192.168.10.254
+//! on the bridge), and on each node calc-flannel next to vxmgrd.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use ipnetwork::IpNetwork;
+
+use super::etcd::EtcdServer;
+use super::{Binaries, Cluster, Result, TestbedError, sh};
+
+/// Where etcd listens, on the underlay bridge.
+pub const ETCD_ADDRESS: &str = "192.168.10.254";
+/// flannel's default etcd prefix.
+pub const PREFIX: &str = "/coreos.com/network";
+
+/// The cluster, its etcd and the agents. Dropping it stops them all and
+/// removes everything.
+pub struct FlannelCluster {
+    agents: Vec<Option<Child>>,
+    calc_flannel: PathBuf,
+    /// Dropped before the cluster, whose directory holds its data.
+    pub etcd: EtcdServer,
+    pub cluster: Cluster,
+    keep: bool,
+}
+
+/// A node's subnets, from its subnet file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subnets {
+    pub v4: IpNetwork,
+    pub v6: Option<IpNetwork>,
+}
+
+impl Subnets {
+    /// The `n`th address of the subnet of `v4` (or IPv6).
+    pub fn address(&self, v6: bool, n: u32) -> Option<IpAddr> {
+        let net = if v6 { self.v6? } else { self.v4 };
+        Some(match net.network() {
+            IpAddr::V4(a) => IpAddr::V4((u32::from(a) + n).into()),
+            IpAddr::V6(a) => IpAddr::V6((u128::from(a) + u128::from(n)).into()),
+        })
+    }
+}
+
+impl FlannelCluster {
+    /// `n` nodes (see `Cluster::new`), no daemon or agent running yet, and
+    /// etcd serving on the underlay.
+    pub fn new(
+        tag: &str,
+        n: u8,
+        binaries: &Binaries,
+        calc_flannel: &Path,
+    ) -> Result<FlannelCluster> {
+        let cluster = Cluster::new(tag, n, binaries)?;
+        sh(
+            &cluster.underlay,
+            &format!("ip addr add {ETCD_ADDRESS}/24 dev br0"),
+        )?;
+        let etcd = EtcdServer::start(
+            Some(&cluster.underlay),
+            ETCD_ADDRESS,
+            &cluster.dir.join("etcd"),
+        )?;
+        Ok(FlannelCluster {
+            agents: (0..n).map(|_| None).collect(),
+            calc_flannel: calc_flannel.to_path_buf(),
+            etcd,
+            cluster,
+            keep: false,
+        })
+    }
+
+    /// Writes the network config.
+    pub async fn set_config(&self, config: &str) -> Result<()> {
+        self.etcd
+            .client()
+            .await?
+            .put(&format!("{PREFIX}/config"), config)
+            .await
+    }
+
+    pub fn subnet_file(&self, index: u8) -> PathBuf {
+        self.cluster.dir.join(format!("node-{index}.subnet.env"))
+    }
+
+    pub fn agent_log_path(&self, index: u8) -> PathBuf {
+        self.cluster
+            .dir
+            .join(format!("node-{index}.calc-flannel.log"))
+    }
+
+    pub fn agent_log(&self, index: u8) -> String {
+        std::fs::read_to_string(self.agent_log_path(index)).unwrap_or_default()
+    }
+
+    /// Starts calc-flannel on node `index` with `args` and `env`, next to
+    /// the node's vxmgrd, its log appended to the node's agent log. It
+    /// reaches etcd only from flags or variables given here.
+    pub fn start_agent(&mut self, index: u8, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+        if self.agents[usize::from(index) - 1].is_some() {
+            self.stop_agent(index, libc::SIGTERM)?;
+        }
+        let node = self.cluster.node(index);
+        let mut log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.agent_log_path(index))?;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &node.ns])
+            .arg(&self.calc_flannel)
+            .arg("--socket")
+            .arg(&node.socket)
+            .arg("--subnet-file")
+            .arg(self.subnet_file(index))
+            .args(args)
+            .envs(env.iter().copied())
+            .env("CALC_FLANNEL_LOG", "info,calc_flannel=debug")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| TestbedError::Spawn {
+                command: format!("calc-flannel in {}", node.ns),
+                source,
+            })?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                let _ = writeln!(log, "{line}");
+            }
+        });
+        self.agents[usize::from(index) - 1] = Some(child);
+        Ok(())
+    }
+
+    /// Stops node `index`'s calc-flannel with `signal` and waits for it.
+    pub fn stop_agent(&mut self, index: u8, signal: i32) -> Result<ExitStatus> {
+        let Some(mut child) = self.agents[usize::from(index) - 1].take() else {
+            return Err(TestbedError::Io(std::io::Error::other(format!(
+                "node-{index}: no calc-flannel running"
+            ))));
+        };
+        // `ip netns exec` execs calc-flannel: the child's pid is its own.
+        // SAFETY: kill(2) on our own child.
+        unsafe {
+            libc::kill(child.id() as i32, signal);
+        }
+        Ok(child.wait()?)
+    }
+
+    /// Waits for node `index`'s subnet file and reads its subnets.
+    pub fn subnets(&self, index: u8, timeout: Duration) -> Result<Subnets> {
+        let path = self.subnet_file(index);
+        let text = self.wait(
+            &format!("{}", path.display()),
+            timeout,
+            || std::fs::read_to_string(&path).ok(),
+            index,
+        )?;
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.parse::<IpNetwork>().ok())
+                .map(|n| IpNetwork::new(n.network(), n.prefix()).expect("same prefix"))
+        };
+        let v4 = field("FLANNEL_SUBNET").ok_or_else(|| TestbedError::Output {
+            command: path.display().to_string(),
+            reason: format!("no FLANNEL_SUBNET in {text:?}"),
+        })?;
+        Ok(Subnets {
+            v4,
+            v6: field("FLANNEL_IPV6_SUBNET"),
+        })
+    }
+
+    /// Waits until node `index`'s agent has logged `needle` `count` times.
+    pub fn wait_for_log(
+        &self,
+        index: u8,
+        needle: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<()> {
+        self.wait(
+            &format!("{count} × {needle:?}"),
+            timeout,
+            || (self.agent_log(index).matches(needle).count() >= count).then_some(()),
+            index,
+        )
+    }
+
+    /// Polls `check` until it gives a value; the timeout error shows the
+    /// agent's log.
+    fn wait<T>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        check: impl Fn() -> Option<T>,
+        index: u8,
+    ) -> Result<T> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(value) = check() {
+                return Ok(value);
+            }
+            if Instant::now() > deadline {
+                return Err(TestbedError::Timeout {
+                    what: format!("node-{index}: {what}"),
+                    timeout,
+                    seen: self.agent_log(index),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Leaves everything running when dropped, for a person to look at.
+    pub fn keep(&mut self) {
+        self.keep = true;
+        self.etcd.keep();
+        self.cluster.keep();
+    }
+}
+
+impl Drop for FlannelCluster {
+    fn drop(&mut self) {
+        if self.keep {
+            std::mem::forget(std::mem::take(&mut self.agents));
+            return;
+        }
+        for child in self.agents.iter_mut().filter_map(Option::take) {
+            let mut child = child;
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

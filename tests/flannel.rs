@@ -1,0 +1,475 @@
+//! flannel mode end to end: a real etcd on the underlay and, on each node
+//! of a namespace cluster, the real calc-flannel and vxmgrd binaries.
+//! Needs root and the etcd binary; skips without them unless
+//! VXMGR_REQUIRE_NETNS=1 / VXMGR_REQUIRE_ETCD=1.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use support::flannel::{can_run, cluster};
+use vxmgr::model::Family;
+use vxmgr::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
+use vxmgr::testbed::{self, FlannelCluster, Monitor, census};
+
+const WAIT: Duration = Duration::from_secs(30);
+const ENDPOINT: &str = "http://192.168.10.254:2379";
+
+fn block_on<T>(f: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+fn put(c: &FlannelCluster, key: &str, value: &str) {
+    block_on(async { c.etcd.client().await?.put(key, value).await }).unwrap();
+}
+
+fn delete(c: &FlannelCluster, key: &str) {
+    block_on(async { c.etcd.client().await?.delete(key).await }).unwrap();
+}
+
+fn leases(c: &FlannelCluster) -> Vec<(String, serde_json::Value)> {
+    let prefix = format!("{PREFIX}/subnets/");
+    block_on(async { c.etcd.client().await?.list(&prefix).await })
+        .unwrap()
+        .into_iter()
+        .map(|(k, v)| {
+            let key = k.strip_prefix(&prefix).unwrap().to_string();
+            (
+                key,
+                serde_json::from_str(&v).unwrap_or(serde_json::Value::Null),
+            )
+        })
+        .collect()
+}
+
+/// The lease key of a node's subnets, as flannel writes it.
+fn key_of(s: &Subnets) -> String {
+    let part = |n: ipnetwork::IpNetwork| format!("{}-{}", n.network(), n.prefix());
+    match s.v6 {
+        Some(v6) => format!("{}/subnets/{}&{}", PREFIX, part(s.v4), part(v6)),
+        None => format!("{}/subnets/{}", PREFIX, part(s.v4)),
+    }
+}
+
+/// Starts vxmgrd on every node, then calc-flannel: node 1 told by flags,
+/// node 2 by flanneld's variables, node 3 by ours (an interface regex).
+fn start(c: &mut FlannelCluster, extra: &[&[&str]]) {
+    for node in &mut c.cluster.nodes {
+        node.start_daemon(&[]).unwrap();
+    }
+    let args = |i: usize| extra.get(i).copied().unwrap_or(&[]);
+    let mut one = vec!["--etcd-endpoints", ENDPOINT, "--iface", "eth0"];
+    one.extend_from_slice(args(0));
+    c.start_agent(1, &one, &[]).unwrap();
+    if c.cluster.nodes.len() >= 2 {
+        let env = [
+            ("FLANNELD_ETCD_ENDPOINTS", ENDPOINT),
+            ("FLANNELD_IFACE", "eth0"),
+        ];
+        c.start_agent(2, args(1), &env).unwrap();
+    }
+    if c.cluster.nodes.len() >= 3 {
+        let env = [
+            ("CALC_FLANNEL_ETCD_ENDPOINTS", ENDPOINT),
+            ("CALC_FLANNEL_IFACE_REGEX", r"^192\.168\.10\."),
+        ];
+        c.start_agent(3, args(2), &env).unwrap();
+    }
+}
+
+/// Every node's subnets, once its agent has written them; each node's pod
+/// gets the 10th address of its subnets.
+fn subnets_and_pods(c: &FlannelCluster) -> Vec<Subnets> {
+    let all: Vec<Subnets> = (1..=c.cluster.nodes.len() as u8)
+        .map(|i| c.subnets(i, WAIT).unwrap())
+        .collect();
+    for (node, s) in c.cluster.nodes.iter().zip(&all) {
+        for v6 in [false, true] {
+            if let Some(address) = s.address(v6, 10) {
+                node.add_pod_address(address).unwrap();
+            }
+        }
+    }
+    all
+}
+
+fn routes(ns: &str, family: Family) -> BTreeSet<String> {
+    census::routes(ns, family).unwrap()
+}
+
+fn all_routes(ns: &str) -> BTreeSet<String> {
+    let mut all = routes(ns, Family::V4);
+    all.extend(routes(ns, Family::V6));
+    all
+}
+
+/// Waits until `ns` has (or, with `present` false, no longer has) a route
+/// to `dst` of vxmgr's; the route's description.
+fn wait_route(ns: &str, dst: &str, present: bool) -> Option<String> {
+    let family = if dst.contains(':') {
+        Family::V6
+    } else {
+        Family::V4
+    };
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let found = routes(ns, family)
+            .into_iter()
+            .find(|r| r.starts_with(&format!("{dst} ")));
+        if found.is_some() == present {
+            return found;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ns}: route to {dst} {} within {WAIT:?}; routes: {:#?}",
+            if present { "not there" } else { "still there" },
+            routes(ns, family)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn tx_packets(ns: &str, dev: &str) -> u64 {
+    testbed::ip_json(ns, &["-s", "link", "show", dev]).unwrap()[0]["stats64"]["tx"]["packets"]
+        .as_u64()
+        .expect("tx packets")
+}
+
+/// Pings `to` from `from`'s pod, from the pod's address in `from`'s subnet.
+fn ping(c: &FlannelCluster, from: u8, source: std::net::IpAddr, to: std::net::IpAddr) -> bool {
+    let (source, to) = (source.to_string(), to.to_string());
+    let family = if to.contains(':') { "-6" } else { "-4" };
+    let args = [
+        "ping", family, "-c", "3", "-i", "0.2", "-W", "2", "-I", &source, &to,
+    ];
+    testbed::try_in(&c.cluster.node(from).pod_ns(), &args)
+        .unwrap()
+        .status
+        .success()
+}
+
+const VXLAN_DUAL_STACK: &str = r#"{"Network": "10.50.0.0/16", "SubnetMin": "10.50.1.0", "SubnetMax": "10.50.3.0",
+    "EnableIPv6": true, "IPv6Network": "fd00:50::/48", "Backend": {"Type": "vxlan"}}"#;
+
+#[test]
+fn vxlan_nodes_lease_subnets_and_pods_ping_over_ipv4_and_ipv6() {
+    if !can_run("vxlan_nodes_lease_subnets_and_pods_ping_over_ipv4_and_ipv6") {
+        return;
+    }
+    let mut c = cluster(3);
+    start(&mut c, &[]);
+    // No config yet: every agent waits for it, saying so.
+    for i in 1..=3 {
+        c.wait_for_log(i, "does not exist yet", 1, WAIT).unwrap();
+    }
+    // Room for exactly three subnets: the three agents contend for them.
+    block_on(c.set_config(VXLAN_DUAL_STACK)).unwrap();
+    let subnets = subnets_and_pods(&c);
+    let v4: BTreeSet<String> = subnets.iter().map(|s| s.v4.to_string()).collect();
+    assert_eq!(
+        v4,
+        ["10.50.1.0/24", "10.50.2.0/24", "10.50.3.0/24"]
+            .map(String::from)
+            .into(),
+        "every node a subnet of its own"
+    );
+
+    // Leases as flannel writes them.
+    let leases = leases(&c);
+    assert_eq!(leases.len(), 3);
+    for (i, s) in subnets.iter().enumerate() {
+        let node = c.cluster.node(i as u8 + 1);
+        let key = key_of(s);
+        let (_, value) = leases
+            .iter()
+            .find(|(k, _)| key.ends_with(k.as_str()))
+            .unwrap_or_else(|| panic!("{key} in {leases:?}"));
+        assert_eq!(value["PublicIP"], node.underlay_v4());
+        assert_eq!(value["PublicIPv6"], node.underlay_v6());
+        assert_eq!(value["BackendType"], "vxlan");
+        assert_eq!(value["BackendData"]["VNI"], 1);
+        assert_eq!(value["BackendV6Data"]["VNI"], 1);
+        assert!(value["BackendData"]["VtepMAC"].is_string(), "{value}");
+    }
+
+    // Every node routes to the others' subnets through flannel's devices.
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for (j, s) in subnets.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let route = wait_route(&node.ns, &s.v4.to_string(), true).unwrap();
+            let gateway = s.v4.network();
+            assert!(
+                route.contains(&format!("via {gateway} dev flannel.1 onlink")),
+                "{route}"
+            );
+            let route = wait_route(&node.ns, &s.v6.unwrap().to_string(), true).unwrap();
+            assert!(route.contains("dev flannel-v6.1 onlink"), "{route}");
+        }
+        let link = testbed::ip_json(&node.ns, &["-d", "link", "show", "flannel.1"]).unwrap();
+        let vxlan = &link[0]["linkinfo"]["info_data"];
+        assert_eq!(
+            (vxlan["id"].as_u64(), vxlan["port"].as_u64()),
+            (Some(1), Some(8472))
+        );
+        assert!(testbed::ip_json(&node.ns, &["link", "show", "flannel-v6.1"]).is_ok());
+    }
+
+    // Pod to pod, both ways, IPv4 and IPv6, through the tunnel.
+    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
+        let (a, b) = (
+            &subnets[usize::from(from) - 1],
+            &subnets[usize::from(to) - 1],
+        );
+        for (v6, dev) in [(false, "flannel.1"), (true, "flannel-v6.1")] {
+            let ns = &c.cluster.node(from).ns;
+            let sent = tx_packets(ns, dev);
+            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
+            assert!(
+                ping(&c, from, source, target),
+                "ping {target} from node-{from}'s pod"
+            );
+            assert!(
+                tx_packets(ns, dev) >= sent + 3,
+                "{dev} on node-{from} carried the pings"
+            );
+        }
+    }
+
+    // A node leaves: its agent stops (its lease stays until its TTL), then
+    // its lease is deleted: every other node drops its routes.
+    let status = c.stop_agent(3, libc::SIGTERM).unwrap();
+    assert!(
+        status.success(),
+        "SIGTERM stops calc-flannel cleanly: {status}"
+    );
+    assert_eq!(
+        self::leases(&c).len(),
+        3,
+        "the lease stays after a clean stop"
+    );
+    delete(&c, &key_of(&subnets[2]));
+    for i in [1, 2] {
+        let ns = &c.cluster.node(i).ns;
+        wait_route(ns, &subnets[2].v4.to_string(), false);
+        wait_route(ns, &subnets[2].v6.unwrap().to_string(), false);
+    }
+}
+
+const VXLAN_V4: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "vxlan"}}"#;
+
+#[test]
+fn an_expired_lease_goes_and_a_restarted_agent_keeps_its_subnet_and_every_route() {
+    if !can_run("an_expired_lease_goes_and_a_restarted_agent_keeps_its_subnet_and_every_route") {
+        return;
+    }
+    let mut c = cluster(3);
+    block_on(c.set_config(VXLAN_V4)).unwrap();
+    // Node 3's lease lives 4 s and is renewed 2 s before it would expire.
+    start(
+        &mut c,
+        &[
+            &[],
+            &[],
+            &[
+                "--subnet-lease-ttl",
+                "4s",
+                "--subnet-lease-renew-margin",
+                "2s",
+            ],
+        ],
+    );
+    let subnets = subnets_and_pods(&c);
+    for ns in [&c.cluster.node(1).ns, &c.cluster.node(2).ns] {
+        wait_route(ns, &subnets[2].v4.to_string(), true);
+    }
+    // Renewed twice: the lease outlived its TTL because of that.
+    c.wait_for_log(3, "lease renewed", 2, WAIT).unwrap();
+    assert!(
+        leases(&c)
+            .iter()
+            .any(|(k, _)| key_of(&subnets[2]).ends_with(k))
+    );
+
+    // Killed, it renews no more: the lease expires and its routes go.
+    c.stop_agent(3, libc::SIGKILL).unwrap();
+    for ns in [&c.cluster.node(1).ns, &c.cluster.node(2).ns] {
+        wait_route(ns, &subnets[2].v4.to_string(), false);
+    }
+
+    // Node 1's agent restarts: the same subnet, and no route deleted anywhere.
+    let (ns1, ns2) = (c.cluster.node(1).ns.clone(), c.cluster.node(2).ns.clone());
+    let before = [all_routes(&ns1), all_routes(&ns2)];
+    let mut monitors = [&ns1, &ns2].map(|ns| Monitor::start(ns, &["nexthop"]).unwrap());
+    let status = c.stop_agent(1, libc::SIGTERM).unwrap();
+    assert!(status.success(), "{status}");
+    std::fs::remove_file(c.subnet_file(1)).unwrap();
+    c.start_agent(1, &["--etcd-endpoints", ENDPOINT, "--iface", "eth0"], &[])
+        .unwrap();
+    assert_eq!(c.subnets(1, WAIT).unwrap(), subnets[0], "the same subnet");
+    c.wait_for_log(1, "reusing this node's lease", 1, WAIT)
+        .unwrap();
+    // Its new stream is in sync (vxmgrd has swept what it did not declare).
+    c.wait_for_log(1, "vxmgrd in sync", 2, WAIT).unwrap();
+    for (monitor, ns) in monitors.iter_mut().zip([&ns1, &ns2]) {
+        monitor.sync().unwrap();
+        let deleted: Vec<&String> = monitor
+            .seen
+            .iter()
+            .filter(|l| l.starts_with("Deleted"))
+            .collect();
+        assert!(deleted.is_empty(), "{ns}: the restart deleted {deleted:#?}");
+    }
+    assert_eq!([all_routes(&ns1), all_routes(&ns2)], before);
+}
+
+#[test]
+fn an_etcd_outage_loses_nothing() {
+    if !can_run("an_etcd_outage_loses_nothing") {
+        return;
+    }
+    let mut c = cluster(2);
+    block_on(c.set_config(VXLAN_V4)).unwrap();
+    start(&mut c, &[]);
+    let subnets = subnets_and_pods(&c);
+    let (ns1, ns2) = (c.cluster.node(1).ns.clone(), c.cluster.node(2).ns.clone());
+    wait_route(&ns1, &subnets[1].v4.to_string(), true);
+    wait_route(&ns2, &subnets[0].v4.to_string(), true);
+    let before = [all_routes(&ns1), all_routes(&ns2)];
+
+    c.etcd.stop().unwrap();
+    for i in [1, 2] {
+        c.wait_for_log(i, "etcd: etcd unreachable", 1, WAIT)
+            .unwrap();
+    }
+    assert_eq!(
+        [all_routes(&ns1), all_routes(&ns2)],
+        before,
+        "etcd down: the dataplane stays"
+    );
+    let (a, b) = (
+        subnets[0].address(false, 10).unwrap(),
+        subnets[1].address(false, 10).unwrap(),
+    );
+    assert!(ping(&c, 1, a, b), "pods still reach each other");
+
+    c.etcd.start_again().unwrap();
+    for i in [1, 2] {
+        c.wait_for_log(i, "etcd: working again", 1, WAIT).unwrap();
+    }
+    // A node joining now is seen by both: the watches are back.
+    put(
+        &c,
+        &format!("{PREFIX}/subnets/10.50.200.0-24"),
+        r#"{"PublicIP":"192.168.10.200","PublicIPv6":null,"BackendType":"vxlan","BackendData":{"VNI":1,"VtepMAC":"0e:00:00:00:00:c8"}}"#,
+    );
+    for ns in [&ns1, &ns2] {
+        wait_route(ns, "10.50.200.0/24", true);
+    }
+    let after = [all_routes(&ns1), all_routes(&ns2)];
+    for (b, a) in before.iter().zip(&after) {
+        assert!(b.is_subset(a), "nothing lost: {b:#?} against {a:#?}");
+    }
+}
+
+const HOST_GW_DUAL_STACK: &str = r#"{"Network": "10.50.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:50::/48",
+    "Backend": {"Type": "host-gw"}}"#;
+
+#[test]
+fn host_gw_routes_pods_over_the_underlay_without_a_device() {
+    if !can_run("host_gw_routes_pods_over_the_underlay_without_a_device") {
+        return;
+    }
+    let mut c = cluster(3);
+    block_on(c.set_config(HOST_GW_DUAL_STACK)).unwrap();
+    start(&mut c, &[]);
+    let subnets = subnets_and_pods(&c);
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for (j, s) in subnets.iter().enumerate() {
+            if i == j {
+                continue;
+            }
+            let other = c.cluster.node(j as u8 + 1);
+            let route = wait_route(&node.ns, &s.v4.to_string(), true).unwrap();
+            assert!(
+                route.contains(&format!("via {} dev eth0", other.underlay_v4())),
+                "{route}"
+            );
+            let route = wait_route(&node.ns, &s.v6.unwrap().to_string(), true).unwrap();
+            assert!(
+                route.contains(&format!("via {} dev eth0", other.underlay_v6())),
+                "{route}"
+            );
+        }
+        for dev in ["flannel.1", "flannel-v6.1", "vxlan.calico"] {
+            assert!(
+                !testbed::try_in(&node.ns, &["ip", "link", "show", dev])
+                    .unwrap()
+                    .status
+                    .success(),
+                "{}: no {dev} in host-gw mode",
+                node.name
+            );
+        }
+    }
+    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
+        let (a, b) = (
+            &subnets[usize::from(from) - 1],
+            &subnets[usize::from(to) - 1],
+        );
+        for v6 in [false, true] {
+            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
+            assert!(
+                ping(&c, from, source, target),
+                "ping {target} from node-{from}'s pod"
+            );
+        }
+    }
+
+    // A node off this segment is reported, not routed; bad leases are
+    // skipped with a warning naming them; every good route stays.
+    let before = all_routes(&c.cluster.node(1).ns);
+    let far = format!("{PREFIX}/subnets/10.50.201.0-24");
+    put(
+        &c,
+        &far,
+        r#"{"PublicIP":"172.31.0.9","PublicIPv6":null,"BackendType":"host-gw"}"#,
+    );
+    let garbage = format!("{PREFIX}/subnets/10.50.202.0-24");
+    put(&c, &garbage, "{not json");
+    put(&c, &key_of(&subnets[1]), r#"{"PublicIP":"not an address"}"#);
+    let near = format!("{PREFIX}/subnets/10.50.203.0-24");
+    put(
+        &c,
+        &near,
+        &format!(r#"{{"PublicIP":"{ETCD_ADDRESS}","PublicIPv6":null,"BackendType":"host-gw"}}"#),
+    );
+    for i in 1..=3u8 {
+        wait_route(&c.cluster.node(i).ns, "10.50.203.0/24", true);
+        let log = c.agent_log(i);
+        for (key, why) in [
+            (
+                "10.50.201.0-24",
+                "host-gw needs every node on one L2 segment",
+            ),
+            ("10.50.202.0-24", "lease skipped"),
+        ] {
+            assert!(
+                log.lines().any(|l| l.contains(key) && l.contains(why)),
+                "node-{i}: no warning naming {key}:\n{log}"
+            );
+        }
+    }
+    let after = all_routes(&c.cluster.node(1).ns);
+    assert!(
+        before.is_subset(&after),
+        "good routes kept: {before:#?} against {after:#?}"
+    );
+    assert!(!after.iter().any(|r| r.starts_with("10.50.201.0/24")));
+}
