@@ -4,7 +4,9 @@
 
 use std::path::PathBuf;
 
-use vxmgr::testbed::{self, Binaries, Cluster, TestbedError};
+use std::net::IpAddr;
+
+use vxmgr::testbed::{self, Binaries, Cluster, Node, TestbedError};
 
 use crate::StubError;
 
@@ -12,10 +14,18 @@ use crate::StubError;
 pub struct DemoArgs {
     /// Leave the cluster running and print how to look at it.
     #[arg(long)]
-    keep: bool,
+    pub keep: bool,
     /// Route remote blocks directly over the underlay (no encapsulation).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "flannel")]
     same_subnet: bool,
+    /// Drive the nodes with etcd and calc-flannel (flannel mode, vxlan)
+    /// instead of replayed views.
+    #[arg(long)]
+    flannel: bool,
+    /// With --flannel: the host-gw backend (routes over the underlay, no
+    /// VXLAN device).
+    #[arg(long, requires = "flannel")]
+    pub host_gw: bool,
 }
 
 impl From<TestbedError> for StubError {
@@ -24,7 +34,7 @@ impl From<TestbedError> for StubError {
     }
 }
 
-fn binaries() -> Result<Binaries, StubError> {
+pub fn binaries() -> Result<Binaries, StubError> {
     let calc_stub = std::env::current_exe()
         .map_err(|e| StubError::Other(format!("finding calc-stub's own path: {e}")))?;
     let vxmgrd: PathBuf = calc_stub.with_file_name("vxmgrd");
@@ -40,15 +50,61 @@ fn binaries() -> Result<Binaries, StubError> {
 /// Echo requests per address family.
 const PINGS: u64 = 3;
 
-fn step(text: &str) {
+pub fn step(text: &str) {
     println!("\n==> {text}");
 }
 
 /// Runs a command in a namespace and prints it with its output.
-fn show(ns: &str, command: &str) -> Result<(), StubError> {
+pub fn show(ns: &str, command: &str) -> Result<(), StubError> {
     println!("$ {command}");
     print!("{}", testbed::sh(ns, command)?);
     Ok(())
+}
+
+/// Pings `target` from `from`'s pod (from `source`, if given); with
+/// `tunnel`, counts the packets through that device, which should be every
+/// echo request (`true`) or none. Prints the verdict; true when it holds.
+pub fn ping_pod(
+    from: &Node,
+    source: Option<IpAddr>,
+    target: &str,
+    tunnel: Option<(&str, bool)>,
+) -> Result<bool, StubError> {
+    let before = tunnel
+        .map(|(dev, _)| tunnel_packets(&from.ns, dev))
+        .transpose()?;
+    let family = if target.contains(':') { "-6" } else { "-4" };
+    let source = source.map(|s| s.to_string());
+    let count = PINGS.to_string();
+    let mut args = vec!["ping", family, "-c", &count, "-i", "0.2", "-W", "2"];
+    if let Some(source) = &source {
+        args.extend(["-I", source]);
+    }
+    args.push(target);
+    let reachable = testbed::try_in(&from.pod_ns(), &args)?.status.success();
+    let mut path = String::new();
+    let mut path_ok = true;
+    if let (Some((dev, through)), Some(before)) = (tunnel, before) {
+        let sent = tunnel_packets(&from.ns, dev)?.saturating_sub(before);
+        path_ok = if through { sent >= PINGS } else { sent < PINGS };
+        path = format!(" ({sent} packets through {dev})");
+        if !path_ok {
+            path += if through {
+                "; expected every echo request to go through the tunnel"
+            } else {
+                "; expected them to go over the underlay"
+            };
+        }
+    }
+    println!(
+        "  {target}: {}{path}",
+        if reachable {
+            "reachable"
+        } else {
+            "UNREACHABLE"
+        }
+    );
+    Ok(reachable && path_ok)
 }
 
 fn tunnel_packets(ns: &str, dev: &str) -> Result<u64, StubError> {
@@ -61,6 +117,9 @@ pub fn run(args: DemoArgs) -> Result<bool, StubError> {
         return Err(StubError::Other(
             "the demo needs root for network namespaces: sudo scripts/demo".into(),
         ));
+    }
+    if args.flannel {
+        return crate::flannel_demo::run(&args);
     }
     step("building two nodes in network namespaces (underlay 192.168.10.0/24, fd00:10::/64)");
     let mut cluster = Cluster::new("vxdemo", 2, &binaries()?)?;
@@ -98,49 +157,15 @@ pub fn run(args: DemoArgs) -> Result<bool, StubError> {
     }
 
     step(&format!("ping from {}'s pod to {}'s pod", a.name, b.name));
+    // A ping answered over the wrong path proves nothing about vxmgr: each
+    // echo request goes through the tunnel, or (same subnet) none.
+    let through = !args.same_subnet;
     let mut all_ok = true;
-    for (dev, target, flag) in [
-        ("vxlan.calico", b.pod_v4(), "-4"),
-        ("vxlan-v6.calico", b.pod_v6(), "-6"),
+    for (dev, target) in [
+        ("vxlan.calico", b.pod_v4()),
+        ("vxlan-v6.calico", b.pod_v6()),
     ] {
-        let before = tunnel_packets(&a.ns, dev)?;
-        let ping = testbed::try_in(
-            &a.pod_ns(),
-            &[
-                "ping",
-                flag,
-                "-c",
-                &PINGS.to_string(),
-                "-i",
-                "0.2",
-                "-W",
-                "2",
-                &target,
-            ],
-        )?;
-        let sent = tunnel_packets(&a.ns, dev)?.saturating_sub(before);
-        let reachable = ping.status.success();
-        // A ping answered over the wrong path proves nothing about vxmgr:
-        // each echo request goes through the tunnel, or (same subnet) none.
-        let path_ok = if args.same_subnet {
-            sent < PINGS
-        } else {
-            sent >= PINGS
-        };
-        all_ok &= reachable && path_ok;
-        println!(
-            "  {target}: {} ({sent} packets through {dev}{})",
-            if reachable {
-                "reachable"
-            } else {
-                "UNREACHABLE"
-            },
-            match (path_ok, args.same_subnet) {
-                (true, _) => "",
-                (false, false) => "; expected every echo request to go through the tunnel",
-                (false, true) => "; expected them to go over the underlay",
-            }
-        );
+        all_ok &= ping_pod(a, None, &target, Some((dev, through)))?;
     }
 
     if args.keep {

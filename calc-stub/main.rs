@@ -2,6 +2,7 @@
 //! streams into vxmgrd and generates synthetic clusters.
 
 mod demo;
+mod flannel_demo;
 mod generate;
 mod replay;
 
@@ -30,6 +31,7 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Two nodes in network namespaces with vxmgrd on each, pod-to-pod ping
     /// over VXLAN, the kernel state shown, then torn down (needs root).
+    /// With --flannel, etcd and calc-flannel drive the nodes.
     Demo(demo::DemoArgs),
 }
 
