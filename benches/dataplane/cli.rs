@@ -17,6 +17,9 @@ pub enum Scenario {
     /// Minutes of churn against the netlink backend: flat memory, no leaked
     /// kernel objects (root; not part of the default set).
     Soak,
+    /// calc-flannel + vxmgrd on three nodes and a real etcd: N leases to
+    /// every kernel, cold, in bursts and one at a time (root, etcd).
+    Flannel,
 }
 
 impl Scenario {
@@ -24,7 +27,11 @@ impl Scenario {
     pub fn needs_kernel(self) -> bool {
         matches!(
             self,
-            Scenario::Cold | Scenario::Churn | Scenario::Resync | Scenario::Soak
+            Scenario::Cold
+                | Scenario::Churn
+                | Scenario::Resync
+                | Scenario::Soak
+                | Scenario::Flannel
         )
     }
 }
@@ -84,6 +91,12 @@ pub struct Cli {
     /// How long soak churns, in seconds [default: 180; --quick: 20].
     #[arg(long)]
     pub soak_seconds: Option<u32>,
+    /// Leases for flannel [default: 1000,10000; --quick: 1000].
+    #[arg(long, value_delimiter = ',')]
+    pub flannel_sizes: Option<Vec<u32>>,
+    /// Leases added one at a time in flannel [default: 50; --quick: 10].
+    #[arg(long)]
+    pub flannel_single: Option<u32>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub bench: bool,
@@ -102,6 +115,8 @@ pub struct Settings {
     pub inline: bool,
     pub soak_nodes: u32,
     pub soak_duration: std::time::Duration,
+    pub flannel_sizes: Vec<u32>,
+    pub flannel_single: u32,
 }
 
 impl Cli {
@@ -140,6 +155,12 @@ impl Cli {
                 180,
                 20,
             ))),
+            flannel_sizes: self.flannel_sizes.clone().unwrap_or(if self.quick {
+                vec![1000]
+            } else {
+                vec![1000, 10_000]
+            }),
+            flannel_single: pick(self.flannel_single, 50, 10),
         }
     }
 }

@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cold;
 mod daemon;
+mod flannel;
 mod ingest;
 mod inprocess;
 mod iproute;
@@ -69,6 +70,7 @@ fn main() -> ExitCode {
             Scenario::Ingest => ingest::run(&bench),
             Scenario::Rss => rss::run(&bench),
             Scenario::Soak => soak::run(&bench),
+            Scenario::Flannel => flannel::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(

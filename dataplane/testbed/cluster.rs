@@ -94,8 +94,9 @@ impl Node {
         format!("66:{family}:00:00:00:{:02x}", self.index)
     }
 
-    /// Starts vxmgrd in this node's namespace (10 ms batches, debug log in
-    /// the cluster directory) and waits until it serves.
+    /// Starts vxmgrd in this node's namespace (10 ms batches unless `extra`
+    /// sets them, debug log in the cluster directory) and waits until it
+    /// serves.
     pub fn start_daemon(&mut self, extra: &[&str]) -> Result<()> {
         if self.daemon.is_some() {
             self.stop_daemon(libc::SIGTERM)?;
@@ -106,7 +107,13 @@ impl Node {
             .arg(&self.binaries.vxmgrd)
             .arg("--socket")
             .arg(&self.socket)
-            .args(["--hostname", &self.name, "--batch-interval", "10ms"])
+            .args(["--hostname", &self.name])
+            // 10 ms batches unless `extra` asks for others.
+            .args(
+                ["--batch-interval", "10ms"]
+                    .iter()
+                    .filter(|_| !extra.contains(&"--batch-interval")),
+            )
             .args(extra)
             .env("VXMGR_LOG", "info,vxmgr=debug")
             .env("NO_COLOR", "1")

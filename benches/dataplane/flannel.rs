@@ -1,0 +1,337 @@
+//! flannel: a three-node namespace cluster of calc-flannel + vxmgrd on a
+//! real etcd, and N leases of other nodes (as flanneld would write them):
+//! how long until every node's kernel has a route for each of them, when
+//! they are there at start-up (cold), when they arrive in a burst on a
+//! running cluster (one put each, concurrently, and 100 per transaction),
+//! and when one arrives on a converged cluster. Time is read from each
+//! node's `ip monitor route`, so "programmed" means in the kernel.
+
+use std::cell::Cell;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, ensure};
+use futures::StreamExt;
+
+use vxmgr::testbed::etcd::{self, EtcdClient};
+use vxmgr::testbed::flannel::PREFIX;
+use vxmgr::testbed::{Binaries, FlannelCluster, Monitor, sh};
+
+use crate::Bench;
+use crate::cluster::CALC_STUB;
+use crate::daemon::VXMGRD;
+use crate::report::{Table, median, millis, quantile, secs};
+
+const CALC_FLANNEL: &str = env!("CARGO_BIN_EXE_calc-flannel");
+const NODES: u8 = 3;
+/// Puts in flight at once in a burst of single puts.
+const IN_FLIGHT: usize = 64;
+const PER_TXN: usize = 100;
+const WAIT: Duration = Duration::from_secs(300);
+/// vxmgrd's batch window: the latency of one lease is mostly this tick
+/// otherwise (100 ms by default).
+const BATCH_INTERVAL: &str = "1ms";
+
+#[derive(Clone, Copy)]
+enum Backend {
+    Vxlan,
+    HostGw,
+}
+
+impl Backend {
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Vxlan => "vxlan",
+            Backend::HostGw => "host-gw",
+        }
+    }
+
+    fn config(self) -> String {
+        format!(
+            r#"{{"Network": "10.0.0.0/8", "Backend": {{"Type": "{}"}}}}"#,
+            self.name()
+        )
+    }
+}
+
+/// Lease `i` of another node: 10.(1 + i/256).(i%256).0/24 (the cluster's
+/// own nodes lease from 10.0.x), its node at 172.16.(i/250).(i%250+1).
+fn lease(backend: Backend, i: u32) -> (String, String) {
+    let key = format!("{PREFIX}/subnets/10.{}.{}.0-24", 1 + i / 256, i % 256);
+    let public = format!("172.16.{}.{}", i / 250, i % 250 + 1);
+    let value = match backend {
+        Backend::Vxlan => format!(
+            r#"{{"PublicIP":"{public}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"0e:00:00:{:02x}:{:02x}:{:02x}"}}}}"#,
+            i >> 16,
+            (i >> 8) & 0xff,
+            i & 0xff
+        ),
+        Backend::HostGw => {
+            format!(r#"{{"PublicIP":"{public}","PublicIPv6":null,"BackendType":"host-gw"}}"#)
+        }
+    };
+    (key, value)
+}
+
+fn dst(i: u32) -> String {
+    format!("10.{}.{}.0/24", 1 + i / 256, i % 256)
+}
+
+/// What one size measured, for one backend.
+struct Figures {
+    /// A one-node cluster, and all the nodes (whose kernel work the one
+    /// kernel of this machine serialises: its RTNL lock is global).
+    cold_one: Duration,
+    cold_all: Duration,
+    burst_single: Duration,
+    burst_txn: Duration,
+    /// One lease at a time on the converged cluster, until every node has
+    /// it: from the put, and from etcd's answer to it (its commit, with
+    /// the disk write, is etcd's time).
+    one: Vec<Duration>,
+    one_after_put: Vec<Duration>,
+}
+
+pub fn run(bench: &Bench) -> Result<()> {
+    if !etcd::available() {
+        println!("\nflannel: SKIPPED (needs the etcd binary: apt-get install etcd-server)");
+        return Ok(());
+    }
+    let mut table = Table::new(
+        format!(
+            "flannel: N leases of other nodes → every one of {NODES} nodes' kernels has their routes (s; vxmgrd --batch-interval {BATCH_INTERVAL})"
+        ),
+        &[
+            "backend",
+            "leases",
+            "cold, 1 node",
+            "cold, all nodes",
+            "burst, one put each",
+            "burst, 100 per txn",
+            "one lease median (ms)",
+            "p99 (ms)",
+            "after etcd's answer, median (ms)",
+        ],
+    );
+    for backend in [Backend::Vxlan, Backend::HostGw] {
+        for &n in &bench.settings.flannel_sizes {
+            let f = measure(bench, backend, n, bench.settings.flannel_single)
+                .with_context(|| format!("{} with {n} leases", backend.name()))?;
+            table.row(vec![
+                backend.name().into(),
+                n.to_string(),
+                secs(f.cold_one),
+                secs(f.cold_all),
+                secs(f.burst_single),
+                secs(f.burst_txn),
+                millis(median(&f.one)),
+                millis(quantile(&f.one, 0.99)),
+                millis(median(&f.one_after_put)),
+            ]);
+        }
+    }
+    table.print();
+    println!(
+        "  cold start: calc-flannel started on every node with the leases in etcd → the last route in the last kernel."
+    );
+    println!(
+        "  bursts: the first write → the last route in the last kernel; every lease was installed on every node (checked)."
+    );
+    println!(
+        "  one lease: the put → its route in the last kernel, on the cluster holding the N leases."
+    );
+    Ok(())
+}
+
+fn binaries() -> Binaries {
+    Binaries {
+        vxmgrd: VXMGRD.into(),
+        calc_stub: CALC_STUB.into(),
+    }
+}
+
+/// A cluster of `nodes` with vxmgrd on every node (the node also holding
+/// an address on the leases' 172.16.0.0/12, where host-gw needs their
+/// nodes), logging at info level as in production.
+fn cluster(bench: &Bench, backend: Backend, nodes: u8) -> Result<FlannelCluster> {
+    let mut c = FlannelCluster::new("vxbfl", nodes, &binaries(), Path::new(CALC_FLANNEL))?;
+    bench.runtime.block_on(c.set_config(&backend.config()))?;
+    for node in &mut c.cluster.nodes {
+        sh(
+            &node.ns,
+            &format!("ip addr add 172.31.255.{}/12 dev eth0", node.index),
+        )?;
+        node.start_daemon(&["--batch-interval", BATCH_INTERVAL, "--log", "info"])?;
+    }
+    Ok(c)
+}
+
+fn start_agents(c: &mut FlannelCluster) -> Result<()> {
+    let endpoint = "http://192.168.10.254:2379";
+    for index in 1..=c.cluster.nodes.len() as u8 {
+        let args = [
+            "--etcd-endpoints",
+            endpoint,
+            "--iface",
+            "eth0",
+            "--log",
+            "info",
+        ];
+        c.start_agent(index, &args, &[])?;
+    }
+    Ok(())
+}
+
+fn monitors(c: &FlannelCluster) -> Result<Vec<Monitor>> {
+    Ok(c.cluster
+        .nodes
+        .iter()
+        .map(|n| Monitor::start(&n.ns, &[]))
+        .collect::<vxmgr::testbed::Result<_>>()?)
+}
+
+fn added(line: &str) -> bool {
+    !line.starts_with("Deleted") && line.contains(" proto 80")
+}
+
+/// Waits until every monitor has reported `count` more routes of ours
+/// (added, or deleted with `deleted`); the instant the last one did.
+fn await_routes(monitors: &mut [Monitor], count: usize, deleted: bool) -> Result<Instant> {
+    for monitor in monitors.iter_mut() {
+        let seen = Cell::new(0);
+        monitor.wait_for(&format!("{count} routes"), WAIT, |line| {
+            let ours = if deleted {
+                line.starts_with("Deleted") && line.contains(" proto 80")
+            } else {
+                added(line)
+            };
+            if ours {
+                seen.set(seen.get() + 1);
+            }
+            seen.get() >= count
+        })?;
+        monitor.seen.clear();
+    }
+    Ok(Instant::now())
+}
+
+async fn put_each(client: &EtcdClient, pairs: &[(String, String)]) -> Result<()> {
+    let results: Vec<vxmgr::testbed::Result<()>> = futures::stream::iter(pairs)
+        .map(|(k, v)| {
+            let mut client = client.clone();
+            async move { client.put(k, v).await }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    results
+        .into_iter()
+        .collect::<vxmgr::testbed::Result<()>>()?;
+    Ok(())
+}
+
+async fn delete_each(client: &EtcdClient, pairs: &[(String, String)]) -> Result<()> {
+    let results: Vec<vxmgr::testbed::Result<()>> = futures::stream::iter(pairs)
+        .map(|(k, _)| {
+            let mut client = client.clone();
+            async move { client.delete(k).await }
+        })
+        .buffer_unordered(IN_FLIGHT)
+        .collect()
+        .await;
+    results
+        .into_iter()
+        .collect::<vxmgr::testbed::Result<()>>()?;
+    Ok(())
+}
+
+async fn put_txns(client: &mut EtcdClient, pairs: &[(String, String)]) -> Result<()> {
+    for chunk in pairs.chunks(PER_TXN) {
+        client.put_all(chunk).await?;
+    }
+    Ok(())
+}
+
+fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figures> {
+    let leases: Vec<(String, String)> = (0..n).map(|i| lease(backend, i)).collect();
+    let others = usize::from(NODES) - 1;
+
+    // Cold: the leases are there before any agent starts.
+    let cold = |nodes: u8| -> Result<Duration> {
+        let mut c = cluster(bench, backend, nodes)?;
+        bench.runtime.block_on(async {
+            let mut client = c.etcd.client().await?;
+            put_txns(&mut client, &leases).await
+        })?;
+        let mut monitors = monitors(&c)?;
+        let started = Instant::now();
+        start_agents(&mut c)?;
+        let routes = leases.len() + usize::from(nodes) - 1;
+        Ok(await_routes(&mut monitors, routes, false)? - started)
+    };
+    let cold_one = cold(1)?;
+    let cold_all = cold(NODES)?;
+
+    // Bursts on a running cluster.
+    let mut c = cluster(bench, backend, NODES)?;
+    let mut monitors = monitors(&c)?;
+    start_agents(&mut c)?;
+    await_routes(&mut monitors, others, false)?;
+    let mut client = bench.runtime.block_on(c.etcd.client())?;
+    let started = Instant::now();
+    bench.runtime.block_on(put_each(&client, &leases))?;
+    let burst_single = await_routes(&mut monitors, leases.len(), false)? - started;
+    check_all(&c, n)?;
+
+    bench.runtime.block_on(delete_each(&client, &leases))?;
+    await_routes(&mut monitors, leases.len(), true)?;
+
+    let started = Instant::now();
+    bench.runtime.block_on(put_txns(&mut client, &leases))?;
+    let burst_txn = await_routes(&mut monitors, leases.len(), false)? - started;
+    check_all(&c, n)?;
+
+    // One at a time, on the converged cluster.
+    let (mut one, mut one_after_put) = (Vec::new(), Vec::new());
+    for i in n..n + singles {
+        let (key, value) = lease(backend, i);
+        let want = format!("{} ", dst(i));
+        let started = Instant::now();
+        bench.runtime.block_on(client.put(&key, &value))?;
+        let answered = Instant::now();
+        for monitor in monitors.iter_mut() {
+            monitor.wait_for(&want, WAIT, |l| added(l) && l.starts_with(&want))?;
+            monitor.seen.clear();
+        }
+        one.push(started.elapsed());
+        one_after_put.push(answered.elapsed());
+    }
+    Ok(Figures {
+        cold_one,
+        cold_all,
+        burst_single,
+        burst_txn,
+        one,
+        one_after_put,
+    })
+}
+
+/// Every node's kernel has a route to each of the `n` leases.
+fn check_all(c: &FlannelCluster, n: u32) -> Result<()> {
+    for node in &c.cluster.nodes {
+        let routes = vxmgr::testbed::census::routes(&node.ns, vxmgr::model::Family::V4)?;
+        let missing = (0..n)
+            .filter(|i| {
+                !routes
+                    .iter()
+                    .any(|r| r.starts_with(&format!("{} ", dst(*i))))
+            })
+            .count();
+        ensure!(
+            missing == 0,
+            "{}: {missing} of {n} leases have no route",
+            node.name
+        );
+    }
+    Ok(())
+}
