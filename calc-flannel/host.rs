@@ -12,7 +12,7 @@ use netlink_packet_route::route::{RouteAttribute, RouteMessage};
 use rtnetlink::RouteMessageBuilder;
 use vxmgr::model::Family;
 
-/// An interface and its addresses of global scope.
+/// An interface and its addresses (link-local ones aside).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Interface {
     pub name: String,
@@ -78,7 +78,8 @@ async fn read_with(handle: &rtnetlink::Handle) -> Result<HostNetwork, rtnetlink:
     interfaces.sort_by_key(|i| i.index);
     let addresses: Vec<_> = handle.address().get().execute().try_collect().await?;
     for message in addresses {
-        if message.header.scope != AddressScope::Universe {
+        // Link-local addresses are no one's to reach this node at.
+        if message.header.scope == AddressScope::Link {
             continue;
         }
         // IFA_LOCAL is the interface's own address where both are given.

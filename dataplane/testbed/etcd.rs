@@ -36,10 +36,20 @@ pub fn available() -> bool {
 pub struct EtcdServer {
     ns: Option<String>,
     dir: PathBuf,
-    /// `http://<address>:2379` in its namespace.
+    /// `http://<address>:2379` in its namespace (https with TLS).
     client_url: String,
     peer_url: String,
+    tls: Option<EtcdTls>,
     child: Option<Child>,
+}
+
+/// PEM files for an etcd that serves TLS to clients and asks for their
+/// certificates (signed by `ca`).
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl EtcdServer {
@@ -47,6 +57,17 @@ impl EtcdServer {
     /// 2379 and 2380 unless the address is a loopback one (then free ports
     /// are picked), with its data, socket and log in `dir`.
     pub fn start(ns: Option<&str>, address: &str, dir: &Path) -> Result<EtcdServer> {
+        EtcdServer::start_with(ns, address, dir, None)
+    }
+
+    /// Like `start`, with `tls` on the TCP listener (the socket, for this
+    /// process, stays plain).
+    pub fn start_with(
+        ns: Option<&str>,
+        address: &str,
+        dir: &Path,
+        tls: Option<EtcdTls>,
+    ) -> Result<EtcdServer> {
         std::fs::create_dir_all(dir)?;
         let (client, peer) = if ns.is_none() {
             (free_port()?, free_port()?)
@@ -58,11 +79,13 @@ impl EtcdServer {
         } else {
             address.to_string()
         };
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut server = EtcdServer {
             ns: ns.map(str::to_string),
             dir: dir.to_path_buf(),
-            client_url: format!("http://{host}:{client}"),
+            client_url: format!("{scheme}://{host}:{client}"),
             peer_url: format!("http://{host}:{peer}"),
+            tls,
             child: None,
         };
         server.start_again()?;
@@ -87,7 +110,7 @@ impl EtcdServer {
             }
             None => Command::new("etcd"),
         };
-        let mut child = command
+        command
             .current_dir(&self.dir)
             .args(["--name", "default", "--data-dir", "data"])
             .arg("--listen-client-urls")
@@ -96,7 +119,18 @@ impl EtcdServer {
             .args(["--listen-peer-urls", &self.peer_url])
             .args(["--initial-advertise-peer-urls", &self.peer_url])
             .arg("--initial-cluster")
-            .arg(format!("default={}", self.peer_url))
+            .arg(format!("default={}", self.peer_url));
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg("--client-cert-auth");
+        }
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

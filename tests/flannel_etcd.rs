@@ -1,0 +1,302 @@
+//! calc-flannel against an etcd that wants a password, and one that wants
+//! TLS with client certificates: the real binaries, a vxmgrd on its
+//! memory kernel, no namespaces (no root needed). Needs the etcd and
+//! etcdctl binaries (and openssl for the certificates); skips without them
+//! unless VXMGR_REQUIRE_ETCD=1.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::Daemon;
+use support::flannel::{CALC_FLANNEL, etcd_available, etcd_required};
+use vxmgr::testbed::etcd::{EtcdServer, EtcdTls};
+
+const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "host-gw"}}"#;
+const WAIT: Duration = Duration::from_secs(30);
+
+fn tool_available(test: &str, tool: &str) -> bool {
+    let found = Command::new(tool)
+        .arg("version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            !etcd_required(),
+            "{test}: needs {tool} (VXMGR_REQUIRE_ETCD=1)"
+        );
+        support::say(&format!("SKIPPED {test}: needs {tool}"));
+    }
+    found
+}
+
+/// calc-flannel with `args`, stopped when dropped.
+struct Agent {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    /// Starts calc-flannel on `daemon`'s socket, logging to `<name>.log`.
+    fn start(daemon: &Daemon, name: &str, args: &[&str]) -> Agent {
+        let log = daemon.dir.path().join(format!("{name}.log"));
+        let child = Command::new(CALC_FLANNEL)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .arg("--subnet-file")
+            .arg(daemon.dir.path().join("subnet.env"))
+            // Any address will do: host-gw on vxmgrd's memory kernel.
+            .args(["--iface", "127.0.0.1"])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("calc-flannel starts");
+        Agent { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + WAIT;
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn etcdctl(etcd: &EtcdServer, args: &[&str]) -> String {
+    let output = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", etcd.client_url()])
+        .args(args)
+        .output()
+        .expect("etcdctl runs");
+    assert!(
+        output.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn block_on<T>(f: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+#[test]
+fn a_username_and_password_are_sent_and_a_wrong_one_is_reported() {
+    let test = "a_username_and_password_are_sent_and_a_wrong_one_is_reported";
+    if !etcd_available(test) || !tool_available(test, "etcdctl") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(None, "127.0.0.1", dir.path()).unwrap();
+    block_on(async {
+        etcd.client()
+            .await?
+            .put("/coreos.com/network/config", CONFIG)
+            .await
+    })
+    .unwrap();
+    etcdctl(&etcd, &["user", "add", "root:secret"]);
+    etcdctl(&etcd, &["user", "grant-role", "root", "root"]);
+    etcdctl(&etcd, &["auth", "enable"]);
+
+    let daemon = Daemon::memory(&[]);
+    let wrong = Agent::start(
+        &daemon,
+        "wrong-password",
+        &[
+            "--etcd-endpoints",
+            etcd.client_url(),
+            "--etcd-username",
+            "root",
+            "--etcd-password",
+            "wrong",
+        ],
+    );
+    wrong.wait_for_log("authentication failed");
+    drop(wrong);
+
+    let agent = Agent::start(
+        &daemon,
+        "password",
+        &[
+            "--etcd-endpoints",
+            etcd.client_url(),
+            "--etcd-username",
+            "root",
+            "--etcd-password",
+            "secret",
+        ],
+    );
+    agent.wait_for_log("vxmgrd in sync");
+    let leases = etcdctl(
+        &etcd,
+        &[
+            "--user",
+            "root:secret",
+            "get",
+            "--prefix",
+            "/coreos.com/network/subnets/",
+            "--keys-only",
+        ],
+    );
+    assert_eq!(
+        leases.lines().filter(|l| !l.is_empty()).count(),
+        1,
+        "{leases}"
+    );
+}
+
+/// A CA, and certificates it signs for etcd (127.0.0.1) and for a client.
+fn certificates(dir: &Path) -> (EtcdTls, EtcdTls) {
+    let openssl = |args: &[&str]| {
+        let output = Command::new("openssl")
+            .current_dir(dir)
+            .args(args)
+            .output()
+            .expect("openssl runs");
+        assert!(
+            output.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec![
+        "req",
+        "-x509",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=test-ca",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ];
+    ca.extend(ec);
+    openssl(&ca);
+    for (name, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+        let key = format!("{name}.key");
+        let csr = format!("{name}.csr");
+        let mut request = vec!["req", "-subj", "/CN=test", "-keyout", &key, "-out", &csr];
+        request.extend(ec);
+        openssl(&request);
+        let ext = format!("{name}.ext");
+        std::fs::write(
+            dir.join(&ext),
+            format!("subjectAltName=IP:127.0.0.1\nextendedKeyUsage={usage}\n"),
+        )
+        .unwrap();
+        let pem = format!("{name}.pem");
+        openssl(&[
+            "x509",
+            "-req",
+            "-days",
+            "1",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-extfile",
+            &ext,
+            "-out",
+            &pem,
+        ]);
+    }
+    let files = |name: &str| EtcdTls {
+        ca: dir.join("ca.pem"),
+        cert: dir.join(format!("{name}.pem")),
+        key: dir.join(format!("{name}.key")),
+    };
+    (files("server"), files("client"))
+}
+
+#[test]
+fn tls_with_client_certificates() {
+    let test = "tls_with_client_certificates";
+    if !etcd_available(test) || !tool_available(test, "openssl") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (server, client) = certificates(dir.path());
+    let etcd =
+        EtcdServer::start_with(None, "127.0.0.1", &dir.path().join("etcd"), Some(server)).unwrap();
+    assert!(etcd.client_url().starts_with("https://"));
+    block_on(async {
+        etcd.client()
+            .await?
+            .put("/coreos.com/network/config", CONFIG)
+            .await
+    })
+    .unwrap();
+
+    let daemon = Daemon::memory(&[]);
+    let path = |p: &Path| p.to_string_lossy().into_owned();
+    let (ca, cert, key) = (path(&client.ca), path(&client.cert), path(&client.key));
+    let agent = Agent::start(
+        &daemon,
+        "tls",
+        &[
+            "--etcd-endpoints",
+            etcd.client_url(),
+            "--etcd-cafile",
+            &ca,
+            "--etcd-certfile",
+            &cert,
+            "--etcd-keyfile",
+            &key,
+        ],
+    );
+    agent.wait_for_log("vxmgrd in sync");
+    let leases = block_on(async {
+        etcd.client()
+            .await?
+            .list("/coreos.com/network/subnets/")
+            .await
+    })
+    .unwrap();
+    assert_eq!(leases.len(), 1, "{leases:?}");
+
+    // Without a client certificate, etcd refuses, and the agent says so.
+    let refused = Agent::start(
+        &daemon,
+        "no-client-certificate",
+        &["--etcd-endpoints", etcd.client_url(), "--etcd-cafile", &ca],
+    );
+    refused.wait_for_log("etcd unreachable");
+}
