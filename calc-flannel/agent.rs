@@ -195,7 +195,14 @@ impl<R: Registry> Agent<R> {
                 Ok(Some(kv)) => match NetworkConfig::parse(&String::from_utf8_lossy(&kv.value)) {
                     Ok(config) => {
                         condition.ok();
-                        info!(key, ?config, "network config");
+                        info!(
+                            key,
+                            network = %config.v4.network,
+                            subnet_len = config.v4.subnet_len,
+                            ipv6_network = ?config.v6.as_ref().map(|r| r.network),
+                            backend = config.backend.lease_type(),
+                            "network config"
+                        );
                         return config;
                     }
                     Err(e) => format!("{key} is not usable: {e}"),

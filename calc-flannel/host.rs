@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use futures::TryStreamExt;
 use ipnetwork::IpNetwork;
 use netlink_packet_route::address::{AddressAttribute, AddressScope};
-use netlink_packet_route::link::{LinkAttribute, LinkFlags};
+use netlink_packet_route::link::LinkAttribute;
 use netlink_packet_route::route::{RouteAttribute, RouteMessage};
 use rtnetlink::RouteMessageBuilder;
 use vxmgr::model::Family;
@@ -18,7 +18,6 @@ pub struct Interface {
     pub name: String,
     pub index: u32,
     pub mtu: u32,
-    pub up: bool,
     pub addresses: Vec<IpNetwork>,
 }
 
@@ -54,7 +53,6 @@ async fn read_with(handle: &rtnetlink::Handle) -> Result<HostNetwork, rtnetlink:
         .execute()
         .map_ok(|link| Interface {
             index: link.header.index,
-            up: link.header.flags.contains(LinkFlags::Up),
             name: link
                 .attributes
                 .iter()

@@ -184,7 +184,6 @@ mod tests {
             name: name.into(),
             index,
             mtu: 1500,
-            up: true,
             addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
         };
         HostNetwork {

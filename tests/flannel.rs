@@ -8,21 +8,13 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use support::flannel::{can_run, cluster};
+use support::flannel::{block_on, can_run, cluster};
 use vxmgr::model::Family;
 use vxmgr::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
 use vxmgr::testbed::{self, FlannelCluster, Monitor, census};
 
 const WAIT: Duration = Duration::from_secs(30);
 const ENDPOINT: &str = "http://192.168.10.254:2379";
-
-fn block_on<T>(f: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
-}
 
 fn put(c: &FlannelCluster, key: &str, value: &str) {
     block_on(async { c.etcd.client().await?.put(key, value).await }).unwrap();

@@ -11,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::Daemon;
-use support::flannel::{CALC_FLANNEL, etcd_available, etcd_required};
+use support::flannel::{CALC_FLANNEL, block_on, etcd_available, etcd_required};
 use vxmgr::testbed::etcd::{EtcdServer, EtcdTls};
 
 const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "host-gw"}}"#;
@@ -83,27 +83,22 @@ impl Drop for Agent {
     }
 }
 
-fn etcdctl(etcd: &EtcdServer, args: &[&str]) -> String {
-    let output = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", etcd.client_url()])
-        .args(args)
-        .output()
-        .expect("etcdctl runs");
+/// Runs `command`, which must succeed; its output.
+fn run(command: &mut Command) -> String {
+    let output = command.output().expect("the command runs");
     assert!(
         output.status.success(),
-        "etcdctl {args:?}: {}",
+        "{command:?}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-fn block_on<T>(f: impl Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
+fn etcdctl(etcd: &EtcdServer, args: &[&str]) -> String {
+    run(Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", etcd.client_url()])
+        .args(args))
 }
 
 #[test]
@@ -174,18 +169,7 @@ fn a_username_and_password_are_sent_and_a_wrong_one_is_reported() {
 
 /// A CA, and certificates it signs for etcd (127.0.0.1) and for a client.
 fn certificates(dir: &Path) -> (EtcdTls, EtcdTls) {
-    let openssl = |args: &[&str]| {
-        let output = Command::new("openssl")
-            .current_dir(dir)
-            .args(args)
-            .output()
-            .expect("openssl runs");
-        assert!(
-            output.status.success(),
-            "openssl {args:?}: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
+    let openssl = |args: &[&str]| run(Command::new("openssl").current_dir(dir).args(args));
     let ec = [
         "-newkey",
         "ec",

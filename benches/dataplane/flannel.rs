@@ -215,27 +215,18 @@ fn await_routes(monitors: &mut [Monitor], count: usize, deleted: bool) -> Result
     Ok(Instant::now())
 }
 
-async fn put_each(client: &EtcdClient, pairs: &[(String, String)]) -> Result<()> {
+/// `write` for each pair, `IN_FLIGHT` at a time: each its own revision,
+/// several of them in one watch response.
+async fn each<F>(
+    client: &EtcdClient,
+    pairs: &[(String, String)],
+    write: impl Fn(EtcdClient, String, String) -> F,
+) -> Result<()>
+where
+    F: Future<Output = vxmgr::testbed::Result<()>>,
+{
     let results: Vec<vxmgr::testbed::Result<()>> = futures::stream::iter(pairs)
-        .map(|(k, v)| {
-            let mut client = client.clone();
-            async move { client.put(k, v).await }
-        })
-        .buffer_unordered(IN_FLIGHT)
-        .collect()
-        .await;
-    results
-        .into_iter()
-        .collect::<vxmgr::testbed::Result<()>>()?;
-    Ok(())
-}
-
-async fn delete_each(client: &EtcdClient, pairs: &[(String, String)]) -> Result<()> {
-    let results: Vec<vxmgr::testbed::Result<()>> = futures::stream::iter(pairs)
-        .map(|(k, _)| {
-            let mut client = client.clone();
-            async move { client.delete(k).await }
-        })
+        .map(|(k, v)| write(client.clone(), k.clone(), v.clone()))
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
@@ -279,11 +270,13 @@ fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figu
     await_routes(&mut monitors, others, false)?;
     let mut client = bench.runtime.block_on(c.etcd.client())?;
     let started = Instant::now();
-    bench.runtime.block_on(put_each(&client, &leases))?;
+    let put = async |mut c: EtcdClient, k: String, v: String| c.put(&k, &v).await;
+    bench.runtime.block_on(each(&client, &leases, put))?;
     let burst_single = await_routes(&mut monitors, leases.len(), false)? - started;
     check_all(&c, n)?;
 
-    bench.runtime.block_on(delete_each(&client, &leases))?;
+    let delete = async |mut c: EtcdClient, k: String, _| c.delete(&k).await;
+    bench.runtime.block_on(each(&client, &leases, delete))?;
     await_routes(&mut monitors, leases.len(), true)?;
 
     let started = Instant::now();

@@ -80,7 +80,6 @@ impl Rig {
                 name: "eth0".into(),
                 index: 2,
                 mtu: 1500,
-                up: true,
                 addresses: vec![format!("{ip}/24").parse().unwrap()],
             }],
             default_v4: Some(2),

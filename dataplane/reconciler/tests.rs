@@ -173,29 +173,26 @@ async fn resync_without_drift_does_nothing_and_repairs_drift() {
     assert_eq!(rig.kernel.lock().neighbors.len(), 2);
 }
 
-#[tokio::test]
-async fn a_restart_adopts_the_kernel_without_touching_it() {
-    let rig = cluster_rig(NexthopMode::On).await;
+/// A daemon restarted on `rig`'s kernel and fed `messages` and InSync
+/// deletes, adds and changes nothing.
+async fn assert_a_restart_touches_nothing(rig: Rig, messages: &[&str]) {
     let kernel = rig.kernel.clone();
+    let routes_before = rig.routes();
     drop(rig);
-    let routes_before = {
-        let mut r: Vec<String> = kernel
-            .lock()
-            .routes
-            .values()
-            .map(|r| r.to_string())
-            .collect();
-        r.sort();
-        r
-    };
-    let mut restarted = Rig::new(kernel.clone(), NexthopMode::On).await;
+    let mut restarted = Rig::new(kernel, NexthopMode::On).await;
     let before = restarted.log_len();
-    restarted.send(CLUSTER);
+    restarted.send(messages);
     restarted.send(&[IN_SYNC]);
     let report = restarted.apply().await;
     assert_eq!(report.operations, 0, "{report:?}");
     assert_eq!(restarted.log_len(), before, "no operation at all");
     assert_eq!(restarted.routes(), routes_before);
+}
+
+#[tokio::test]
+async fn a_restart_adopts_the_kernel_without_touching_it() {
+    let rig = cluster_rig(NexthopMode::On).await;
+    assert_a_restart_touches_nothing(rig, CLUSTER).await;
 }
 
 #[tokio::test]
@@ -762,18 +759,10 @@ async fn devices_take_the_names_the_stream_gives_and_a_restart_adopts_them() {
     // A restarted daemon starts out with Felix's names: flannel.1 and what
     // is on it are not its own until the stream names them, and are then
     // adopted as they are.
-    let kernel = rig.kernel.clone();
-    let routes_before = rig.routes();
-    drop(rig);
-    let mut restarted = Rig::new(kernel, NexthopMode::On).await;
-    let before = restarted.log_len();
-    restarted.send(&[FLANNEL_NAMES]);
-    restarted.send(CLUSTER);
-    restarted.send(&[IN_SYNC]);
-    let report = restarted.apply().await;
-    assert_eq!(report.operations, 0, "{report:?}");
-    assert_eq!(restarted.log_len(), before, "no operation at all");
-    assert_eq!(restarted.routes(), routes_before);
+    let messages: Vec<&str> = std::iter::once(FLANNEL_NAMES)
+        .chain(CLUSTER.iter().copied())
+        .collect();
+    assert_a_restart_touches_nothing(rig, &messages).await;
 }
 
 #[tokio::test]

@@ -34,6 +34,15 @@ pub fn can_run(test: &str) -> bool {
     netns_can_run(test) && etcd_available(test)
 }
 
+/// Runs `future` on a runtime of its own, from a synchronous test.
+pub fn block_on<T>(future: impl Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+        .block_on(future)
+}
+
 /// `n` nodes with etcd on the underlay; `VXMGR_KEEP_NETNS=1` leaves it.
 pub fn cluster(n: u8) -> FlannelCluster {
     let mut cluster = FlannelCluster::new("vxf", n, &binaries(), CALC_FLANNEL.as_ref())
