@@ -29,7 +29,7 @@ impl Default for Settings {
             port: 4789,
             mtu_v4: None,
             mtu_v6: None,
-            route_protocol: 80,
+            route_protocol: FELIX_ROUTE_PROTOCOL,
             external_nodes: Vec::new(),
             route_refresh_interval: Some(Duration::from_secs(90)),
         }
@@ -106,7 +106,7 @@ impl Config {
         }
         if let Some((k, v)) = field("DeviceRouteProtocol") {
             next.route_protocol =
-                parse(k, v, parse_protocol).or_keep(previous.route_protocol, &mut errors);
+                parse(k, v, parse_calc_protocol).or_keep(previous.route_protocol, &mut errors);
         }
         if let Some((k, v)) = field("ExternalNodesCIDRList") {
             next.external_nodes =
@@ -178,10 +178,36 @@ fn parse_mtu(v: &str, min: u32) -> Result<Option<u32>, String> {
     }
 }
 
+/// Felix's own route protocol, which it uses in place of RTPROT_BOOT.
+pub const FELIX_ROUTE_PROTOCOL: u8 = 80;
+
+/// RTPROT_BOOT: what `ip route add` gives a route when no protocol is named.
+const RTPROT_BOOT: u8 = 3;
+
+/// Protocols the kernel and administrators use (unspec, redirect, kernel,
+/// boot, static): routes of these are never vxmgr's, whatever it is told.
+pub const RESERVED_ROUTE_PROTOCOLS: std::ops::RangeInclusive<u8> = 0..=4;
+
+/// A route protocol from the command line or the environment: one that
+/// cannot be the host's own.
 pub fn parse_protocol(v: &str) -> Result<u8, String> {
     match v.parse::<u8>() {
-        Ok(n @ 1..) => Ok(n),
-        _ => Err("route protocol must be an integer from 1 to 255".into()),
+        Ok(n) if RESERVED_ROUTE_PROTOCOLS.contains(&n) => Err(format!(
+            "route protocol {n} is reserved for the kernel and administrators (0-4: unspec, \
+             redirect, kernel, boot, static): vxmgr would take the host's own routes as its own; \
+             use 5-255 (the default, {FELIX_ROUTE_PROTOCOL}, is Felix's)"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err("route protocol must be an integer from 5 to 255".into()),
+    }
+}
+
+/// A ConfigUpdate's DeviceRouteProtocol, as Felix reads it: Felix sends 3
+/// (RTPROT_BOOT, its config default) and means its own protocol 80.
+pub fn parse_calc_protocol(v: &str) -> Result<u8, String> {
+    match v.parse::<u8>() {
+        Ok(RTPROT_BOOT) => Ok(FELIX_ROUTE_PROTOCOL),
+        _ => parse_protocol(v),
     }
 }
 
@@ -315,6 +341,30 @@ mod tests {
             .apply_update(&map(&[("RouteRefreshInterval", "2m")]))
             .unwrap_err();
         assert!(err.0.contains("RouteRefreshInterval \"2m\""), "{err}");
+    }
+
+    #[test]
+    fn felix_boot_protocol_means_felix_own_and_reserved_ones_are_refused() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[("DeviceRouteProtocol", "3")]))
+            .unwrap();
+        assert_eq!(c.settings().route_protocol, 80);
+        c.apply_update(&map(&[("DeviceRouteProtocol", "99")]))
+            .unwrap();
+        assert_eq!(c.settings().route_protocol, 99);
+        for reserved in ["0", "1", "2", "4"] {
+            let err = c
+                .apply_update(&map(&[("DeviceRouteProtocol", reserved)]))
+                .unwrap_err();
+            assert!(err.0.contains("reserved"), "{err}");
+            assert_eq!(c.settings().route_protocol, 99, "{reserved} kept the last value");
+        }
+        for reserved in ["0", "1", "2", "3", "4"] {
+            let err = parse_protocol(reserved).unwrap_err();
+            assert!(err.contains("reserved"), "{reserved}: {err}");
+        }
+        assert_eq!(parse_protocol("186"), Ok(186));
+        assert!(parse_protocol("256").is_err());
     }
 
     #[test]

@@ -71,7 +71,9 @@ struct Cli {
     /// IPv6 device MTU; 0: parent interface MTU − 70 [default: 0, or the calc's VXLANMTUV6].
     #[arg(long, env = "VXMGR_VXLAN_MTU_V6", value_parser = |v: &str| config::parse_mtu_v6(v).map(Setting))]
     vxlan_mtu_v6: Option<Setting<u32>>,
-    /// Protocol number of vxmgr's routes [default: 80, or the calc's DeviceRouteProtocol].
+    /// Protocol number of vxmgr's routes and nexthops, 5-255 (0-4 are the
+    /// kernel's and administrators') [default: 80, or the calc's
+    /// DeviceRouteProtocol, where Felix's 3 means 80].
     #[arg(long, env = "VXMGR_ROUTE_PROTOCOL", value_parser = config::parse_protocol)]
     route_protocol: Option<u8>,
     /// CIDR of hosts outside the cluster allowed to send VXLAN traffic;
