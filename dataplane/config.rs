@@ -357,7 +357,11 @@ mod tests {
                 .apply_update(&map(&[("DeviceRouteProtocol", reserved)]))
                 .unwrap_err();
             assert!(err.0.contains("reserved"), "{err}");
-            assert_eq!(c.settings().route_protocol, 99, "{reserved} kept the last value");
+            assert_eq!(
+                c.settings().route_protocol,
+                99,
+                "{reserved} kept the last value"
+            );
         }
         for reserved in ["0", "1", "2", "3", "4"] {
             let err = parse_protocol(reserved).unwrap_err();

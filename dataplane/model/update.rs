@@ -193,7 +193,9 @@ impl Update {
             Payload::InSync(_) => Update::InSync,
             Payload::ConfigUpdate(c) => Update::Config(c.config.into_iter().collect()),
             Payload::RouteUpdate(r) => Update::Route(parse_route(r)?),
-            Payload::RouteRemove(r) => Update::RouteRemove(parse_cidr("route_remove.dst", &r.dst)?),
+            Payload::RouteRemove(r) => {
+                Update::RouteRemove(parse_route_dst("route_remove.dst", &r.dst)?)
+            }
             Payload::VtepUpdate(v) => parse_vtep(v)?,
             Payload::VtepRemove(v) => Update::VtepRemove(parse_node("vtep_remove.node", v.node)?),
         }))
@@ -212,6 +214,21 @@ pub fn parse_cidr(field: &str, value: &str) -> Result<IpNetwork, Rejection> {
     let bad = || Rejection::bad_value(field, value, "not a CIDR (address/prefix length)");
     let net: IpNetwork = value.parse().map_err(|_| bad())?;
     IpNetwork::new(net.network(), net.prefix()).map_err(|_| bad())
+}
+
+/// A route's destination: a CIDR that is not a default route (prefix
+/// length 0), which would take every destination from the host's own
+/// routes.
+fn parse_route_dst(field: &str, value: &str) -> Result<IpNetwork, Rejection> {
+    let dst = parse_cidr(field, value)?;
+    if dst.prefix() == 0 {
+        return Err(Rejection::bad_value(
+            field,
+            value,
+            "a prefix length of 0 would take every destination; vxmgr never programs a default route",
+        ));
+    }
+    Ok(dst)
 }
 
 fn parse_ip(field: &str, value: &str, family: Option<Family>) -> Result<IpAddr, Rejection> {
@@ -235,7 +252,7 @@ fn parse_mac(field: &str, value: &str) -> Result<MacAddr, Rejection> {
 }
 
 fn parse_route(r: felix::RouteUpdate) -> Result<RouteIntent, Rejection> {
-    let dst = parse_cidr("route_update.dst", &r.dst)?;
+    let dst = parse_route_dst("route_update.dst", &r.dst)?;
     let node_ip = if r.dst_node_ip.is_empty() {
         None
     } else {
@@ -356,6 +373,14 @@ mod tests {
         }))
         .unwrap_err();
         assert!(err.0.contains("\"fd00::/129\""), "{err}");
+    }
+
+    #[test]
+    fn a_route_of_prefix_length_zero_is_rejected() {
+        for dst in ["0.0.0.0/0", "10.1.2.3/0", "::/0"] {
+            let err = parse(Payload::RouteUpdate(route(dst))).unwrap_err();
+            assert!(err.0.contains("prefix length of 0"), "{dst}: {err}");
+        }
     }
 
     #[test]
