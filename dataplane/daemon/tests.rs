@@ -186,7 +186,7 @@ async fn health_is_not_serving_exactly_while_an_object_fails() {
 
     let bad = "10.244.1.64/26".parse().unwrap();
     rig.kernel.inject_fault(
-        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == bad),
+        move |op| matches!(op, KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) if r.dst == bad),
         libc::EBUSY,
     );
     let failing = rig.send(&[FAILING_ROUTE]).await;

@@ -3,6 +3,7 @@
 //! backoff, and runs full resyncs from kernel dumps.
 
 mod device;
+mod host;
 mod nexthops;
 mod render;
 mod table;
@@ -20,11 +21,12 @@ use crate::desired::{
     TunnelNexthop, VxlanDevice,
 };
 use crate::kernel::objects::{
-    IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link, Notification,
-    Ownership,
+    ForeignRoute, IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link,
+    Notification, Ownership, TableRoute,
 };
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
+use host::HostView;
 use nexthops::NexthopIds;
 use table::{AnyTable, Effect, Plan, Programmable, RenderContext, Table};
 
@@ -83,6 +85,9 @@ pub struct Report {
     /// Objects the kernel refused because their interface is missing or
     /// down: they wait for it, they are not errors.
     pub waiting: u32,
+    /// Adds the kernel refused because something held the place: what
+    /// vxmgr knows of the kernel is out of date.
+    pub taken: u32,
 }
 
 impl Report {
@@ -121,7 +126,10 @@ pub struct Reconciler<B: KernelBackend> {
     backend: B,
     options: ReconcilerOptions,
     use_nexthops: bool,
-    route_protocol: u8,
+    /// Which objects are ours; its protocol is the stream's route protocol.
+    ownership: Ownership,
+    /// The host's routes, addresses and gateways: ours keep out of their way.
+    host: HostView,
     /// After the stream's InSync: undeclared objects of ours are removed.
     sweep: bool,
     devices: [DeviceSlot; 2],
@@ -143,9 +151,6 @@ pub struct Reconciler<B: KernelBackend> {
     /// Resyncs that failed in a row.
     resync_failures: u32,
 }
-
-/// The protocol of routes the kernel makes itself.
-const RTPROT_KERNEL: u8 = 2;
 
 /// Interface indexes and nexthop ids as the reconciler knows them now.
 struct Context<'a> {
@@ -219,7 +224,8 @@ impl<B: KernelBackend> Reconciler<B> {
         let window = options.contest_window;
         Reconciler {
             backend,
-            route_protocol: options.route_protocol,
+            ownership: Ownership::of_vxmgr(options.route_protocol),
+            host: HostView::default(),
             options,
             use_nexthops,
             sweep: false,
@@ -318,9 +324,7 @@ impl<B: KernelBackend> Reconciler<B> {
             .ipset
             .into_iter()
             .for_each(|c| self.ipset.set_desired(c));
-        if request.route_protocol != self.route_protocol {
-            self.route_protocol = request.route_protocol;
-        }
+        self.ownership.protocol = request.route_protocol;
         if request.in_sync && !self.sweep {
             info!("stream in sync: removing objects it did not declare");
             self.sweep = true;
@@ -367,10 +371,7 @@ impl<B: KernelBackend> Reconciler<B> {
     /// backoff (see `next_retry`).
     pub async fn resync(&mut self) -> Result<Report, KernelError> {
         let started = Instant::now();
-        let dumped = self
-            .backend
-            .dump(&Ownership::of_vxmgr(self.route_protocol))
-            .await;
+        let dumped = self.backend.dump(&self.ownership).await;
         let state = match dumped {
             Ok(state) => state,
             Err(error) => {
@@ -400,8 +401,13 @@ impl<B: KernelBackend> Reconciler<B> {
                 .find(|l| l.index == index)
                 .and_then(|l| Family::ALL.into_iter().find(|f| f.device_name() == l.name))
         };
+        let ours = self.device_indexes();
+        self.host.reset_routes(state.foreign_routes, &ours);
+        self.read_host_addresses(&mut report).await;
         // Nexthops first: routes render through the programmed ones.
-        let keyed = self.nexthop_ids.reset(state.nexthops);
+        let keyed = self
+            .nexthop_ids
+            .reset(state.nexthops, state.foreign_nexthops);
         let ctx = Context::new(&self.devices, &self.nexthop_ids, None, self.use_nexthops);
         self.nexthops.reset_actual(keyed, &ctx);
         let ids = &self.nexthop_ids;
@@ -462,8 +468,26 @@ impl<B: KernelBackend> Reconciler<B> {
             self.refresh_link(family, &mut report).await;
             self.devices[family as usize].dirty = true;
         }
+        self.read_host_addresses(&mut report).await;
         self.pass(&mut report).await;
         report
+    }
+
+    /// The interface indexes of our devices that exist.
+    fn device_indexes(&self) -> Vec<u32> {
+        let links = self.devices.iter().filter_map(|d| d.link.as_ref());
+        links.map(|l| l.index).collect()
+    }
+
+    /// Re-reads the host's addresses, which our routes must not capture.
+    async fn read_host_addresses(&mut self, report: &mut Report) {
+        match self.backend.addresses().await {
+            Ok(addresses) => {
+                let ours = self.device_indexes();
+                self.host.set_addresses(addresses, &ours);
+            }
+            Err(e) => report.fail("reading the host's addresses".to_string(), &e),
+        }
     }
 
     /// Retries failed objects whose backoff has passed, and repairs
@@ -588,18 +612,17 @@ impl<B: KernelBackend> Reconciler<B> {
             })
         };
         match notification {
-            Notification::Route(route) | Notification::RouteGone(route)
-                if !self.owns_route(&route) =>
-            {
-                false
+            Notification::Route(TableRoute::Shaped(route)) if self.owns_route(&route) => {
+                self.routes.observe(route.dst, Some(route), now)
             }
-            Notification::Route(route) => self.routes.observe(route.dst, Some(route), now),
-            Notification::RouteGone(route) => {
+            Notification::RouteGone(TableRoute::Shaped(route)) if self.owns_route(&route) => {
                 // Only the route we know going counts, not another one for the
                 // same destination.
                 self.routes.actual.get(&route.dst) == Some(&route)
                     && self.routes.observe(route.dst, None, now)
             }
+            Notification::Route(route) => self.host_route_appeared(foreign(route), now),
+            Notification::RouteGone(route) => self.host_route_gone(foreign(route)),
             Notification::Neighbor(n) => {
                 device_family(&self.devices, n.ifindex).is_some()
                     && self.neighbors.observe(n.address, Some(n), now)
@@ -658,18 +681,32 @@ impl<B: KernelBackend> Reconciler<B> {
         }
     }
 
-    /// Routes with our protocol, or through our devices, are ours; the
-    /// kernel's own routes on our devices (IPv6 link-local) are not.
+    /// Whether a route is ours (`Ownership::owns_route`).
     fn owns_route(&self, route: &KernelRoute) -> bool {
-        if route.protocol == self.route_protocol {
-            return true;
-        }
-        route.protocol != RTPROT_KERNEL
-            && route.ifindex().is_some_and(|index| {
-                self.devices
-                    .iter()
-                    .any(|d| d.link.as_ref().is_some_and(|l| l.index == index))
+        self.ownership
+            .owns_route(route, &self.device_indexes(), |id| {
+                self.nexthop_ids.is_ours(id)
             })
+    }
+
+    /// A route that is not ours appeared. If it took the place of one of
+    /// ours, ours is gone: vxmgr does not put it back over the other.
+    fn host_route_appeared(&mut self, route: ForeignRoute, now: Instant) -> bool {
+        let displaced =
+            route.takes_the_place_of_ours() && self.routes.actual.contains_key(&route.dst);
+        if displaced {
+            warn!(route = %route, "a route that is not vxmgr's took the place of one of vxmgr's");
+        }
+        let dst = route.dst;
+        self.host.route_appeared(route, &self.device_indexes());
+        displaced && self.routes.observe(dst, None, now)
+    }
+
+    /// A route that is not ours went: one of ours it held up goes in now.
+    fn host_route_gone(&mut self, route: ForeignRoute) -> bool {
+        self.host.route_gone(&route);
+        self.routes.recheck(&route.dst);
+        self.routes.desired.contains_key(&route.dst)
     }
 
     /// Repairs what notifications reported: a pass, after re-reading the
@@ -716,7 +753,7 @@ impl<B: KernelBackend> Reconciler<B> {
     /// order: devices, then what routes lean on (nexthops, neighbours, FDB),
     /// routes, the ipsets; deletes last, in reverse.
     async fn pass(&mut self, report: &mut Report) {
-        let waiting = report.waiting;
+        let (waiting, taken) = (report.waiting, report.taken);
         for family in Family::ALL {
             if self.devices[family as usize].dirty {
                 self.reconcile_device(family, report).await;
@@ -753,6 +790,7 @@ impl<B: KernelBackend> Reconciler<B> {
             self.use_nexthops,
         );
         let routes = self.routes.plan_upserts(&ctx);
+        let routes = host::keep_clear_of_host(routes, &self.host, &mut self.routes, report);
         execute(&mut self.backend, &mut self.routes, routes, report).await;
         self.sync_ipsets(report).await;
 
@@ -772,6 +810,12 @@ impl<B: KernelBackend> Reconciler<B> {
         let fdb = self.fdb.plan_deletes(self.sweep);
         execute(&mut self.backend, &mut self.neighbors, neighbors, report).await;
         execute(&mut self.backend, &mut self.fdb, fdb, report).await;
+        if report.taken > taken {
+            // Something of which vxmgr knew nothing holds a route's or a
+            // nexthop id's place: read the kernel again to see what it is.
+            info!("the kernel refused to add an object over another: resyncing");
+            self.resync_due = Some(Instant::now());
+        }
         if report.waiting > waiting {
             // An interface went missing or down since it was last read:
             // read them again, so that what goes through it waits.
@@ -1087,11 +1131,24 @@ fn record<D: Programmable>(
                 }
             }
             Err(e) if e.is_missing_device() && p.after.is_some() => report.waiting += 1,
-            Err(e) => report.fail(table.describe(&p), e),
+            Err(e) => {
+                if p.effect == Effect::Added && e.errno == Some(libc::EEXIST) {
+                    report.taken += 1;
+                }
+                report.fail(table.describe(&p), e)
+            }
         }
         table.record(p, result, now);
     }
     removed
+}
+
+/// A route that is not ours, whatever its shape.
+fn foreign(route: TableRoute) -> ForeignRoute {
+    match route {
+        TableRoute::Shaped(r) => ForeignRoute::of_shape(&r),
+        TableRoute::Other(r) => r,
+    }
 }
 
 /// Deleting what is already gone succeeded.

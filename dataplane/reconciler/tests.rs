@@ -236,12 +236,12 @@ async fn a_vtep_address_change_is_one_nexthop_replace() {
     assert!(report.errors.is_empty(), "{report:?}");
     let log = rig.kernel.lock().log.clone();
     assert!(
-        !log.iter().any(|op| matches!(op, KernelOp::ReplaceRoute(_))),
+        !log.iter().any(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_))),
         "{log:#?}"
     );
     let nexthops: Vec<_> = log
         .iter()
-        .filter(|op| matches!(op, KernelOp::ReplaceNexthop(_)))
+        .filter(|op| matches!(op, KernelOp::AddNexthop(_) | KernelOp::ReplaceNexthop(_)))
         .collect();
     assert_eq!(nexthops.len(), 1, "{log:#?}");
 }
@@ -275,9 +275,9 @@ async fn device_drift_is_repaired_in_place() {
     {
         let mut k = rig.kernel.lock();
         let index = k.link_by_name("vxlan.calico").unwrap().index;
+        k.set_down(index).unwrap();
         let link = k.links.get_mut(&index).unwrap();
         link.mtu = 9000;
-        link.up = false;
         link.addresses.push("10.9.9.9/32".parse().unwrap());
         link.addresses.push("fe80::1/64".parse().unwrap());
     }
@@ -299,7 +299,7 @@ async fn a_failing_object_is_reported_retried_and_does_not_block_the_others() {
     let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
     let bad = "10.244.2.0/26".parse().unwrap();
     rig.kernel.inject_fault(
-        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == bad),
+        move |op| matches!(op, KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) if r.dst == bad),
         libc::EBUSY,
     );
     rig.send(CLUSTER);
@@ -410,10 +410,10 @@ async fn our_own_changes_echoed_back_are_not_drift() {
     let mut rig = cluster_rig(NexthopMode::On).await;
     let routes: Vec<KernelRoute> = rig.kernel.lock().routes.values().copied().collect();
     for route in routes {
-        assert!(
-            !rig.reconciler
-                .notice(Notification::Route(route), Instant::now())
-        );
+        assert!(!rig.reconciler.notice(
+            Notification::Route(TableRoute::Shaped(route)),
+            Instant::now()
+        ));
     }
     let foreign = KernelRoute {
         dst: "192.0.2.0/24".parse().unwrap(),
@@ -422,8 +422,10 @@ async fn our_own_changes_echoed_back_are_not_drift() {
         mtu: None,
     };
     assert!(
-        !rig.reconciler
-            .notice(Notification::Route(foreign), Instant::now()),
+        !rig.reconciler.notice(
+            Notification::Route(TableRoute::Shaped(foreign)),
+            Instant::now()
+        ),
         "routes of other protocols are not ours"
     );
 }
@@ -641,7 +643,7 @@ async fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it(
     assert!(rig.reconciler.failing().is_empty());
     let routes_tried = rig.kernel.lock().log[tried..]
         .iter()
-        .filter(|op| matches!(op, KernelOp::ReplaceRoute(_)))
+        .filter(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_)))
         .count();
     assert_eq!(routes_tried, 0, "nothing goes to a down interface");
 
@@ -658,7 +660,7 @@ async fn a_route_refused_for_a_down_interface_waits_for_it_without_retries() {
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
     // The parent is found up, then goes down before the route is added.
     rig.kernel.inject_fault(
-        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.ifindex() == Some(eth0)),
+        move |op| matches!(op, KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) if r.ifindex() == Some(eth0)),
         libc::ENETDOWN,
     );
     rig.send(SAME_SUBNET);
