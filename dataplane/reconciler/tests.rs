@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+mod host;
+
 use super::*;
 use crate::config::Config;
 use crate::kernel::memory::MemoryBackend;
@@ -236,7 +238,8 @@ async fn a_vtep_address_change_is_one_nexthop_replace() {
     assert!(report.errors.is_empty(), "{report:?}");
     let log = rig.kernel.lock().log.clone();
     assert!(
-        !log.iter().any(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_))),
+        !log.iter()
+            .any(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_))),
         "{log:#?}"
     );
     let nexthops: Vec<_> = log
