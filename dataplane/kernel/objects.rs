@@ -257,6 +257,12 @@ pub struct Ownership {
     pub devices: Vec<String>,
     /// ipsets vxmgr maintains, by exact name.
     pub ipsets: Vec<(String, Family)>,
+    /// Interfaces that have been a parent: vxmgr's same-subnet routes go
+    /// onlink via a node's address on them.
+    pub parents: Vec<u32>,
+    /// Protocols vxmgr used before `protocol` (the calc process changed
+    /// it): what it programmed with them is still its own, to be replaced.
+    pub earlier_protocols: Vec<u8>,
 }
 
 impl Ownership {
@@ -273,30 +279,51 @@ impl Ownership {
                 .iter()
                 .map(|f| (f.ipset_name().to_string(), *f))
                 .collect(),
+            parents: Vec::new(),
+            earlier_protocols: Vec::new(),
         }
+    }
+
+    /// Makes `protocol` vxmgr's protocol for what it programs from now on;
+    /// returns whether it changed.
+    pub fn set_protocol(&mut self, protocol: u8) -> bool {
+        if protocol == self.protocol {
+            return false;
+        }
+        if !self.earlier_protocols.contains(&self.protocol) {
+            self.earlier_protocols.push(self.protocol);
+        }
+        self.protocol = protocol;
+        true
+    }
+
+    fn is_ours(&self, protocol: u8) -> bool {
+        protocol == self.protocol || self.earlier_protocols.contains(&protocol)
     }
 
     /// Whether a nexthop is ours: our protocol, via a gateway on one of our
     /// devices (`devices`: their interface indexes).
     pub fn owns_nexthop(&self, nexthop: &KernelNexthop, devices: &[u32]) -> bool {
-        nexthop.protocol == self.protocol && devices.contains(&nexthop.ifindex)
+        self.is_ours(nexthop.protocol) && devices.contains(&nexthop.ifindex)
     }
 
     /// Whether a route of one of vxmgr's shapes is ours: our protocol, and
     /// somewhere vxmgr sends routes: a blackhole (a local block), through
     /// one of our devices or our nexthops (`our_nexthop`), or onlink via a
-    /// gateway on another interface (a same-subnet or no-encap route on the
-    /// parent). Anything else with our protocol is another agent's that
-    /// happens to use it.
+    /// gateway on a parent (a same-subnet or no-encap route). Anything else
+    /// with our protocol is another agent's that happens to use it.
     pub fn owns_route(
         &self,
         route: &KernelRoute,
         devices: &[u32],
         our_nexthop: impl Fn(u32) -> bool,
     ) -> bool {
-        route.protocol == self.protocol
+        self.is_ours(route.protocol)
             && match route.via {
-                KernelRouteVia::Blackhole | KernelRouteVia::Gateway { .. } => true,
+                KernelRouteVia::Blackhole => true,
+                KernelRouteVia::Gateway { ifindex, .. } => {
+                    devices.contains(&ifindex) || self.parents.contains(&ifindex)
+                }
                 KernelRouteVia::Link(ifindex) => devices.contains(&ifindex),
                 KernelRouteVia::Nexthop(id) => our_nexthop(id),
             }

@@ -91,6 +91,18 @@ pub struct Report {
 }
 
 impl Report {
+    /// Adds what another pass did.
+    pub fn merge(&mut self, other: Report) {
+        self.added += other.added;
+        self.changed += other.changed;
+        self.removed += other.removed;
+        self.errors.extend(other.errors);
+        self.parent_changes.extend(other.parent_changes);
+        self.operations += other.operations;
+        self.waiting += other.waiting;
+        self.taken += other.taken;
+    }
+
     fn count(&mut self, effect: Effect) {
         match effect {
             Effect::Added => self.added += 1,
@@ -324,13 +336,22 @@ impl<B: KernelBackend> Reconciler<B> {
             .ipset
             .into_iter()
             .for_each(|c| self.ipset.set_desired(c));
-        self.ownership.protocol = request.route_protocol;
+        let mut report = Report::default();
+        if self.ownership.set_protocol(request.route_protocol) {
+            // What is ours changed: see it before programming over it.
+            info!(
+                protocol = request.route_protocol,
+                "route protocol changed: resyncing"
+            );
+            if let Ok(resync) = self.resync().await {
+                report.merge(resync);
+            }
+        }
         if request.in_sync && !self.sweep {
             info!("stream in sync: removing objects it did not declare");
             self.sweep = true;
             self.mark_stale();
         }
-        let mut report = Report::default();
         self.pass(&mut report).await;
         report
     }
@@ -345,6 +366,13 @@ impl<B: KernelBackend> Reconciler<B> {
         for family in Family::ALL {
             self.devices[family as usize].wanted_parent_ip = parent_ips[family as usize];
             self.find_parent(family, &mut report).await;
+        }
+        if self.resync_due.is_some_and(|at| at <= Instant::now()) {
+            // A new parent: what it holds of ours is known before the
+            // stream's routes are programmed over it.
+            if let Ok(resync) = self.resync().await {
+                report.merge(resync);
+            }
         }
         let parents = [0, 1].map(|i| self.devices[i].parent.clone());
         (report, parents)
@@ -544,6 +572,13 @@ impl<B: KernelBackend> Reconciler<B> {
             Some(parent) => !self.link_up(&parent.name, report).await,
             None => false,
         };
+        if let Some(parent) = &found
+            && !self.ownership.parents.contains(&parent.index)
+        {
+            // Our same-subnet routes on it are ours from now on: see them.
+            self.ownership.parents.push(parent.index);
+            self.resync_due = Some(Instant::now());
+        }
         let slot = &mut self.devices[family as usize];
         if slot.parent != found {
             info!(%family, parent = ?found.as_ref().map(|p| &p.name), "parent interface changed");
