@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use crate::desired::{
     Delta, FdbEntry, FdbKey, IpsetMember, Neighbor, NexthopKey, ParentInterface, Route,
-    TunnelNexthop, VxlanDevice,
+    RouteTarget, TunnelNexthop, VxlanDevice,
 };
 use crate::kernel::objects::{
     ForeignRoute, IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link,
@@ -323,10 +323,16 @@ impl<B: KernelBackend> Reconciler<B> {
                 self.nexthop_ids.release(&key);
             }
         }
-        delta
-            .routes
-            .into_iter()
-            .for_each(|c| self.routes.set_desired(c));
+        for change in delta.routes {
+            if let Some(Route {
+                target: RouteTarget::Direct { interface, .. },
+                ..
+            }) = &change.desired
+            {
+                self.claim_parent(interface.index);
+            }
+            self.routes.set_desired(change);
+        }
         delta
             .neighbors
             .into_iter()
@@ -338,15 +344,13 @@ impl<B: KernelBackend> Reconciler<B> {
             .for_each(|c| self.ipset.set_desired(c));
         let mut report = Report::default();
         if self.ownership.set_protocol(request.route_protocol) {
-            // What is ours changed: see it before programming over it.
             info!(
                 protocol = request.route_protocol,
                 "route protocol changed: resyncing"
             );
-            if let Ok(resync) = self.resync().await {
-                report.merge(resync);
-            }
+            self.resync_due = Some(Instant::now());
         }
+        self.resync_if_due(&mut report).await;
         if request.in_sync && !self.sweep {
             info!("stream in sync: removing objects it did not declare");
             self.sweep = true;
@@ -367,15 +371,28 @@ impl<B: KernelBackend> Reconciler<B> {
             self.devices[family as usize].wanted_parent_ip = parent_ips[family as usize];
             self.find_parent(family, &mut report).await;
         }
-        if self.resync_due.is_some_and(|at| at <= Instant::now()) {
-            // A new parent: what it holds of ours is known before the
-            // stream's routes are programmed over it.
-            if let Ok(resync) = self.resync().await {
-                report.merge(resync);
-            }
-        }
+        self.resync_if_due(&mut report).await;
         let parents = [0, 1].map(|i| self.devices[i].parent.clone());
         (report, parents)
+    }
+
+    /// Same-subnet routes on `index` are ours from now on: a resync is due
+    /// to see those the kernel already holds.
+    fn claim_parent(&mut self, index: u32) {
+        if !self.ownership.parents.contains(&index) {
+            self.ownership.parents.push(index);
+            self.resync_due = Some(Instant::now());
+        }
+    }
+
+    /// What is ours changed (a new parent, another protocol): the kernel is
+    /// read again before anything is programmed over what it holds.
+    async fn resync_if_due(&mut self, report: &mut Report) {
+        if self.resync_due.is_some_and(|at| at <= Instant::now())
+            && let Ok(resync) = self.resync().await
+        {
+            report.merge(resync);
+        }
     }
 
     /// Everything in the kernel that nothing wants is to be deleted.
@@ -572,12 +589,8 @@ impl<B: KernelBackend> Reconciler<B> {
             Some(parent) => !self.link_up(&parent.name, report).await,
             None => false,
         };
-        if let Some(parent) = &found
-            && !self.ownership.parents.contains(&parent.index)
-        {
-            // Our same-subnet routes on it are ours from now on: see them.
-            self.ownership.parents.push(parent.index);
-            self.resync_due = Some(Instant::now());
+        if let Some(parent) = &found {
+            self.claim_parent(parent.index);
         }
         let slot = &mut self.devices[family as usize];
         if slot.parent != found {
