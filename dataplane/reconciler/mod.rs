@@ -983,43 +983,38 @@ impl<B: KernelBackend> Reconciler<B> {
         }
     }
 
-    /// Makes one family's device match: create, recreate, fix up, or (after
-    /// InSync) delete.
+    /// Makes one family's device match: create, recreate or fix up. With no
+    /// device desired (no local VTEP or parent interface known) an existing
+    /// one is left as it is, sweep or not: Felix never deletes its device
+    /// for want of local information.
     async fn reconcile_device(&mut self, family: Family, report: &mut Report) {
         self.devices[family as usize].dirty = false;
         self.refresh_link(family, report).await;
-        let slot = &self.devices[family as usize];
-        let desired = slot.desired.clone();
-        let mut link = slot.link.clone();
-        let mut recreated = false;
-        if let Some(l) = &link {
-            let reason = match &desired {
-                Some(d) => device::recreate_reason(d, l),
-                None if self.sweep => Some("no VTEP for this node".into()),
-                None => None,
-            };
-            if let Some(reason) = reason {
-                info!(device = %l.name, %reason, "deleting device");
-                self.delete_device_dependents(l.index).await;
-                let op = KernelOp::DeleteLink {
-                    index: l.index,
-                    name: l.name.clone(),
-                };
-                if !self.device_op(family, op, report).await {
-                    return;
-                }
-                self.forget_device_objects(l.index);
-                self.devices[family as usize].link = None;
-                link = None;
-                recreated = desired.is_some();
-                if !recreated {
-                    report.count(Effect::Removed);
-                }
-            }
-        }
-        let Some(desired) = desired else {
+        let slot = &mut self.devices[family as usize];
+        let Some(desired) = slot.desired.clone() else {
+            // Nothing is tried, so nothing is failing.
+            slot.error = None;
             return;
         };
+        let mut link = slot.link.clone();
+        let mut recreated = false;
+        if let Some(l) = &link
+            && let Some(reason) = device::recreate_reason(&desired, l)
+        {
+            info!(device = %l.name, %reason, "deleting device");
+            self.delete_device_dependents(l.index).await;
+            let op = KernelOp::DeleteLink {
+                index: l.index,
+                name: l.name.clone(),
+            };
+            if !self.device_op(family, op, report).await {
+                return;
+            }
+            self.forget_device_objects(l.index);
+            self.devices[family as usize].link = None;
+            link = None;
+            recreated = true;
+        }
         if link.is_none() {
             let op = KernelOp::CreateVxlan(device::spec(&desired));
             if !self.device_op(family, op, report).await {

@@ -228,6 +228,40 @@ async fn a_new_stream_sweeps_exactly_the_stale_objects_after_its_in_sync() {
 }
 
 #[tokio::test]
+async fn the_device_stays_when_the_local_vtep_goes_or_a_stream_never_declares_it() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let device = |rig: &Rig| rig.kernel.lock().link_by_name("vxlan.calico").cloned();
+    let before = device(&rig).expect("device");
+    let routes = rig.routes();
+    rig.send(&[r#"{"vtepRemove": {"node": "node-a"}}"#]);
+    let report = rig.apply().await;
+    assert_eq!(report.operations, 0, "{report:?}");
+    let report = rig.reconciler.resync().await.unwrap();
+    assert_eq!(report.operations, 0, "a resync keeps it: {report:?}");
+
+    rig.new_stream();
+    rig.send(&CLUSTER[1..]);
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    assert_eq!(report.operations, 0, "the sweep keeps it: {report:?}");
+
+    let kernel = rig.kernel.clone();
+    drop(rig);
+    let mut restarted = Rig::new(kernel, NexthopMode::On).await;
+    restarted.send(&CLUSTER[1..]);
+    restarted.send(&[IN_SYNC]);
+    let report = restarted.apply().await;
+    assert_eq!(report.removed, 0, "after a restart too: {report:?}");
+    assert_eq!(device(&restarted), Some(before));
+    // Only their MTU may differ: without a local VTEP the parent interface,
+    // which the MTU follows, is unknown to a restarted daemon.
+    let destinations = |routes: Vec<String>| -> Vec<String> {
+        routes.iter().map(|r| r.replace(" mtu 1450", "")).collect()
+    };
+    assert_eq!(destinations(restarted.routes()), destinations(routes));
+}
+
+#[tokio::test]
 async fn a_vtep_address_change_is_one_nexthop_replace() {
     let mut rig = cluster_rig(NexthopMode::On).await;
     rig.kernel.lock().log.clear();

@@ -14,6 +14,7 @@ mod ethtool;
 mod ipset;
 mod ipset_message;
 mod ipset_restore;
+mod ipset_spec;
 mod link;
 mod neighbour;
 mod nexthop;
