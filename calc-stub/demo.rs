@@ -149,7 +149,7 @@ pub fn run(args: DemoArgs) -> Result<bool, StubError> {
         let n = &cluster.nodes;
         println!("  sudo ip netns exec {} ip route", n[0].ns);
         println!(
-            "  grpcurl -plaintext -authority localhost -unix {} vxmgr.v1.Dataplane/GetState",
+            "  grpcurl -plaintext -unix {} vxmgr.v1.Dataplane/GetState",
             n[0].socket.display()
         );
         println!("  logs: {}/node-*.log", cluster.dir.display());

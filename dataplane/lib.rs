@@ -8,6 +8,7 @@ pub mod desired;
 pub mod fuzzing;
 pub mod kernel;
 pub mod manager;
+pub mod metrics;
 pub mod model;
 pub mod reconciler;
 pub mod server;

@@ -1,6 +1,7 @@
 //! vxmgrd: the VXLAN dataplane daemon.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -97,6 +98,11 @@ struct Cli {
     /// not reading (for tests).
     #[arg(long, hide = true, default_value_t = vxmgr::server::RESPONSE_BUFFER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
     response_buffer: usize,
+    /// Serve Prometheus metrics (/metrics) and health probes (/livez,
+    /// /readyz, and Felix's /liveness, /readiness) over HTTP on ADDR:PORT
+    /// [default: no HTTP listener].
+    #[arg(long, env = "VXMGR_HTTP_LISTEN", value_name = "ADDR:PORT")]
+    http_listen: Option<SocketAddr>,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "vxmgr=debug".
     #[arg(long, env = "VXMGR_LOG", default_value = "info")]
     log: String,
@@ -154,6 +160,7 @@ impl Cli {
                 route_refresh_interval: self.route_refresh_interval.map(|s| s.0),
             },
             record: self.record,
+            http_listen: self.http_listen,
         })
     }
 }

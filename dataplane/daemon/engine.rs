@@ -6,6 +6,7 @@
 
 use std::fs::File;
 use std::io::BufWriter;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
@@ -17,6 +18,7 @@ use tracing::{debug, info, warn};
 use super::batch::Batch;
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
 use crate::manager::{Manager, Outcome};
+use crate::metrics::{MessageCounts, MessageOutcome, Metrics};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
 use crate::server::responses::Responder;
@@ -55,6 +57,7 @@ pub struct EngineOptions {
     pub heartbeat_interval: Duration,
     /// Where every received message is recorded.
     pub record: Option<Recorder>,
+    pub metrics: Arc<Metrics>,
 }
 
 pub type Recorder = ReplayWriter<BufWriter<File>>;
@@ -89,6 +92,8 @@ struct Engine {
     /// had it still been open).
     dataplane_in_sync_sent: bool,
     recorder: Option<Recorder>,
+    /// Messages of the open batch, by type and outcome.
+    message_counts: MessageCounts,
     started: Instant,
     options: EngineOptions,
     queries: mpsc::Receiver<StateQuery>,
@@ -120,6 +125,7 @@ pub async fn run(
         in_sync_applied: false,
         dataplane_in_sync_sent: false,
         recorder: options.record.take(),
+        message_counts: MessageCounts::default(),
         started: Instant::now(),
         options,
         queries,
@@ -180,6 +186,7 @@ impl Engine {
                 });
                 self.in_sync_applied = false;
                 self.dataplane_in_sync_sent = false;
+                self.options.metrics.stream(true, false);
             }
             EngineInput::Messages { id, messages } => {
                 for msg in messages {
@@ -193,6 +200,7 @@ impl Engine {
                         "calc stream ended; kernel state stays as it is"
                     );
                     self.stream = None;
+                    self.options.metrics.stream(false, self.manager.in_sync());
                     self.close_batch_now();
                 }
             }
@@ -234,17 +242,23 @@ impl Engine {
             )
         });
         batch.add(sequence);
-        match Update::from_message(msg).and_then(|u| match u {
+        let kind = MessageCounts::kind_of(&msg);
+        let outcome = match Update::from_message(msg).and_then(|u| match u {
             Some(u) => self.manager.on_update(u),
             None => Ok(Outcome::Ignored),
         }) {
-            Ok(Outcome::Applied) => {}
-            Ok(Outcome::Ignored) => batch.ignored += 1,
+            Ok(Outcome::Applied) => MessageOutcome::Applied,
+            Ok(Outcome::Ignored) => {
+                batch.ignored += 1;
+                MessageOutcome::Ignored
+            }
             Err(rejection) => {
                 debug!(sequence, reason = %rejection, "message rejected");
                 batch.reject(sequence, rejection.0);
+                MessageOutcome::Rejected
             }
-        }
+        };
+        self.message_counts.add(kind, outcome);
     }
 
     /// Ends the batch window now (stream end, new stream).
@@ -291,6 +305,9 @@ impl Engine {
             in_sync: self.manager.in_sync(),
             route_protocol: settings.route_protocol,
         };
+        let metrics = &self.options.metrics;
+        metrics.messages(&mut self.message_counts);
+        metrics.stream(self.stream.is_some(), request.in_sync);
         if let Some(recorder) = &mut self.recorder
             && let Err(e) = recorder.flush()
         {
@@ -357,6 +374,7 @@ impl Engine {
                         apply_ms = apply_time.as_secs_f64() * 1e3,
                         "batch applied"
                     );
+                    self.options.metrics.batch_applied(&status, apply_time);
                     if let Some(responder) = &batch.responder {
                         responder.send(sync_response::Payload::BatchStatus(status.clone()));
                     }
@@ -371,6 +389,9 @@ impl Engine {
             self.manager.set_parent(family, parent);
             self.internal_dirty = true;
         }
+        self.options
+            .metrics
+            .object_health(objects.failing.len(), objects.contested.len());
         self.objects = objects;
         self.update_health(batch_responder.as_ref()).await;
     }
@@ -407,6 +428,7 @@ impl Engine {
             return;
         }
         self.serving = serving;
+        self.options.metrics.set_ready(serving);
         let status = if serving {
             ServingStatus::Serving
         } else {

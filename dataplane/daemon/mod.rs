@@ -8,7 +8,9 @@ pub mod kernel_task;
 mod tests;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -21,6 +23,9 @@ use crate::kernel::KernelBackend;
 use crate::kernel::memory::MemoryBackend;
 use crate::kernel::netlink::NetlinkBackend;
 use crate::manager::Manager;
+use crate::metrics::Metrics;
+use crate::metrics::backend::MeteredBackend;
+use crate::metrics::http::{self as metrics_http, CensusQuery};
 use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
 use crate::server::{self, DataplaneService, socket::SocketError};
 use crate::wire::replay::ReplayWriter;
@@ -66,6 +71,8 @@ pub struct DaemonOptions {
     /// Settings given on the command line: they beat ConfigUpdate.
     pub flags: SettingsLayer,
     pub record: Option<PathBuf>,
+    /// Where to serve metrics and health over HTTP, if anywhere.
+    pub http_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +90,11 @@ pub enum DaemonError {
     Backend(&'static str, String),
     #[error("starting the kernel task: {0}")]
     Runtime(std::io::Error),
+    #[error("listening for HTTP on {address}: {source}")]
+    HttpListen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Runs the daemon until `shutdown` completes.
@@ -118,16 +130,45 @@ pub async fn run_with_backend<B: KernelBackend>(
         ),
         None => None,
     };
+    let http_listener = match options.http_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| DaemonError::HttpListen { address, source })?,
+        ),
+        None => None,
+    };
     let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
     info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, "vxmgrd starting");
+    let metrics = Arc::new(Metrics::new());
+    let (census_tx, census_rx) = mpsc::channel(4);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let tasks = match Tasks::start(open, &options, record, health_reporter).await {
+    let started = Tasks::start(
+        open,
+        &options,
+        record,
+        health_reporter,
+        metrics.clone(),
+        census_rx,
+    )
+    .await;
+    let tasks = match started {
         Ok(tasks) => tasks,
         Err(e) => {
             let _ = std::fs::remove_file(&options.socket);
             return Err(e);
         }
     };
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(http_listener) = http_listener {
+        let endpoints = metrics_http::Endpoints {
+            metrics,
+            census: census_tx,
+        };
+        tokio::spawn(metrics_http::serve(http_listener, endpoints, async {
+            let _ = http_stopped.await;
+        }));
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = server::serve(
@@ -151,6 +192,7 @@ pub async fn run_with_backend<B: KernelBackend>(
             let _ = stop_tx.send(());
         }
     }
+    let _ = http_stop.send(());
     tasks.stop().await;
     if let Err(e) = std::fs::remove_file(&options.socket) {
         warn!(error = %e, socket = %options.socket.display(), "could not remove the socket");
@@ -180,6 +222,8 @@ impl Tasks {
         options: &DaemonOptions,
         record: Option<engine::Recorder>,
         health: HealthReporter,
+        metrics: Arc<Metrics>,
+        census: mpsc::Receiver<CensusQuery>,
     ) -> Result<Tasks, DaemonError> {
         // Known before the first Health/Check can arrive: NOT_SERVING, not NOT_FOUND.
         health
@@ -203,7 +247,9 @@ impl Tasks {
         let task_options = KernelTaskOptions {
             device_check_interval: options.device_check_interval,
             refresh_interval: settings.route_refresh_interval,
+            metrics: metrics.clone(),
         };
+        let backend_metrics = metrics.clone();
         let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
         let kernel_thread = std::thread::Builder::new()
             .name("vxmgr-kernel".into())
@@ -220,7 +266,7 @@ impl Tasks {
                 };
                 runtime.block_on(async move {
                     let backend = match open() {
-                        Ok(backend) => backend,
+                        Ok(backend) => MeteredBackend::new(backend, backend_metrics),
                         Err(e) => {
                             let _ = opened_tx.send(Err(e));
                             return;
@@ -228,7 +274,7 @@ impl Tasks {
                     };
                     let _ = opened_tx.send(Ok(()));
                     let reconciler = Reconciler::new(backend, reconciler_options).await;
-                    kernel_task::run(reconciler, task_options, kernel_rx, events_tx).await;
+                    kernel_task::run(reconciler, task_options, kernel_rx, events_tx, census).await;
                 });
             })
             .map_err(DaemonError::Runtime)?;
@@ -242,6 +288,7 @@ impl Tasks {
                 batch_interval: options.batch_interval,
                 heartbeat_interval: options.heartbeat_interval,
                 record,
+                metrics,
             },
             engine_rx,
             queries_rx,

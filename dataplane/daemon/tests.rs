@@ -36,6 +36,7 @@ fn options() -> DaemonOptions {
         checksum_offload_broken: ChecksumOffloadBroken::False,
         flags: SettingsLayer::default(),
         record: None,
+        http_listen: None,
     }
 }
 
@@ -56,9 +57,19 @@ impl Rig {
         let reporter = HealthReporter::new();
         let health = HealthService::from_health_reporter(reporter.clone());
         let backend = kernel.clone();
-        let tasks = Tasks::start(move || Ok(backend), &options(), None, reporter)
-            .await
-            .expect("memory kernel");
+        let metrics = Arc::new(Metrics::new());
+        // No census is asked for: its sender goes at once.
+        let (_, census) = mpsc::channel(1);
+        let tasks = Tasks::start(
+            move || Ok(backend),
+            &options(),
+            None,
+            reporter,
+            metrics,
+            census,
+        )
+        .await
+        .expect("memory kernel");
         let (responder, responses) = responses::channel(STREAM, 64);
         tasks
             .engine

@@ -2,6 +2,7 @@
 //! turns manager deltas into kernel operations, retries failures with
 //! backoff, and runs full resyncs from kernel dumps.
 
+pub mod census;
 mod device;
 mod host;
 mod nexthops;

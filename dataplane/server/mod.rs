@@ -1,6 +1,7 @@
 //! The gRPC server on the unix socket: the Dataplane service (Sync,
 //! GetState), health and reflection (v1 and v1alpha).
 
+pub mod authority;
 pub mod responses;
 pub mod socket;
 pub mod state;
@@ -197,6 +198,10 @@ pub async fn serve(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(socket::incoming(listener, allow_uids), shutdown)
+        .serve_with_incoming_shutdown(
+            socket::incoming(listener, allow_uids)
+                .map(|conn| conn.map(authority::AuthorityFixingStream::new)),
+            shutdown,
+        )
         .await
 }
