@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use crate::calc_source::responses::Responder;
 use crate::reconciler::Report;
-use crate::server::responses::Responder;
 use crate::wire::vxmgr::v1::{
     BatchResult, BatchStatus, KernelError, ObjectCounts, RejectedMessage,
 };

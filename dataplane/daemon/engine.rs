@@ -16,10 +16,12 @@ use tracing::{debug, info, warn};
 
 use super::batch::Batch;
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
+use crate::calc_source::EngineInput;
+use crate::calc_source::responses::Responder;
 use crate::manager::{Manager, Outcome};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
-use crate::server::responses::Responder;
+use crate::server::StateQuery;
 use crate::server::state::dataplane_state;
 use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate, ToDataplane};
 use crate::wire::replay::ReplayWriter;
@@ -27,28 +29,6 @@ use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 
 /// The gRPC service name whose health follows the dataplane.
 pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
-
-pub enum EngineInput {
-    StreamStarted {
-        id: u64,
-        peer: String,
-        responder: Responder,
-    },
-    /// Messages of a stream, in order.
-    Messages {
-        id: u64,
-        messages: Vec<ToDataplane>,
-    },
-    StreamEnded {
-        id: u64,
-    },
-    /// The daemon is stopping.
-    Shutdown,
-}
-
-/// A GetState request. Queries come on a channel of their own, so that they
-/// are answered even while the task waits for the kernel.
-pub type StateQuery = oneshot::Sender<DataplaneState>;
 
 pub struct EngineOptions {
     pub batch_interval: Duration,
