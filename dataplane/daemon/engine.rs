@@ -14,7 +14,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
-use super::batch::Batch;
+use super::batch::{Batch, Numbering};
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
 use crate::calc_source::EngineInput;
 use crate::calc_source::responses::Responder;
@@ -43,7 +43,7 @@ pub type Recorder = ReplayWriter<BufWriter<File>>;
 struct Stream {
     id: u64,
     responder: Option<Responder>,
-    next_sequence: u64,
+    numbering: Numbering,
 }
 
 struct Engine {
@@ -156,14 +156,14 @@ impl Engine {
                 self.stream = Some(Stream {
                     id,
                     responder: Some(responder),
-                    next_sequence: 1,
+                    numbering: Numbering::default(),
                 });
                 self.in_sync_applied = false;
                 self.dataplane_in_sync_sent = false;
             }
             EngineInput::Messages { id, messages } => {
                 for msg in messages {
-                    self.on_message(id, msg);
+                    self.on_message(id, msg, events).await;
                 }
             }
             EngineInput::StreamEnded { id } => {
@@ -190,26 +190,38 @@ impl Engine {
         true
     }
 
-    fn on_message(&mut self, id: u64, msg: ToDataplane) {
+    async fn on_message(
+        &mut self,
+        id: u64,
+        msg: ToDataplane,
+        events: &mut mpsc::Receiver<KernelEvent>,
+    ) {
         let Some(stream) = self.stream.as_mut().filter(|s| s.id == id) else {
             return;
         };
+        let sequence = stream.numbering.number(msg.sequence_number);
+        let responder = stream.responder.clone();
         if let Some(recorder) = &mut self.recorder
             && let Err(e) = recorder.write(&msg)
         {
             warn!(error = %e, "recording stopped");
             self.recorder = None;
         }
-        let sequence = if msg.sequence_number == 0 {
-            stream.next_sequence
-        } else {
-            msg.sequence_number
-        };
-        // Sequence numbers come from the client: the last one must not overflow.
-        stream.next_sequence = sequence.saturating_add(1);
+        // A status covers a run of consecutive numbers: a message whose
+        // number does not follow on (a client that starts counting again)
+        // closes the batch before it.
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|(b, _)| !b.follows(sequence))
+        {
+            self.close_batch_now();
+            self.wait_for_kernel(events).await;
+            self.flush().await;
+        }
         let (batch, _) = self.open.get_or_insert_with(|| {
             (
-                Batch::new(id, stream.responder.clone()),
+                Batch::new(id, responder),
                 Instant::now() + self.options.batch_interval,
             )
         });
