@@ -204,7 +204,11 @@ fn cases() -> Vec<(&'static str, String, String)> {
             config("VXLANVNI", "16777216"),
             "VXLANVNI \"16777216\"".into(),
         ),
-        ("port 0", config("VXLANPort", "0"), "VXLANPort \"0\"".into()),
+        (
+            "negative port",
+            config("VXLANPort", "-1"),
+            "VXLANPort \"-1\"".into(),
+        ),
         (
             "port over 65535",
             config("VXLANPort", "65536"),
