@@ -21,7 +21,8 @@ struct Cli {
 enum Command {
     /// Stream replay files to vxmgrd and print every BatchStatus as a JSON line.
     ///
-    /// Messages are numbered 1..N across the files. Exits 0 when every batch
+    /// Messages are sent as they are, numbers included; the daemon numbers
+    /// those that carry none after their predecessor. Exits 0 when every batch
     /// was OK, 1 when a message was rejected, a kernel operation failed or
     /// the state differs from --expect, 2 when a file cannot be read or the
     /// daemon cannot be reached.

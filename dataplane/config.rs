@@ -144,17 +144,34 @@ fn parse<T>(key: &str, value: &str, f: impl FnOnce(&str) -> Result<T, String>) -
     Parsed(f(value).map_err(|why| format!("config {key} {}: {why}", quote(value))))
 }
 
-pub fn parse_vni(v: &str) -> Result<u32, String> {
-    match v.parse::<u32>() {
-        Ok(n @ 1..=0xff_ffff) => Ok(n),
-        _ => Err("VNI must be an integer from 1 to 16777215".into()),
+/// Felix's value syntax: `none`, in any case, sets a key to its zero value,
+/// given here as the text the key's parser reads as zero.
+fn none_is<'a>(zero: &'static str, v: &'a str) -> &'a str {
+    if v.eq_ignore_ascii_case("none") {
+        zero
+    } else {
+        v
     }
 }
 
+/// 0 is a VNI like any other to the kernel, and Felix's zero value.
+pub fn parse_vni(v: &str) -> Result<u32, String> {
+    match none_is("0", v).parse::<u32>() {
+        Ok(n @ 0..=0xff_ffff) => Ok(n),
+        _ => Err("VNI must be an integer from 0 to 16777215".into()),
+    }
+}
+
+/// The port the kernel gives a VXLAN device created without one.
+pub const KERNEL_DEFAULT_VXLAN_PORT: u16 = 8472;
+
+/// 0 means the kernel's default port. It is set explicitly, so that the
+/// device check compares the port the kernel reports with the one it set.
 pub fn parse_port(v: &str) -> Result<u16, String> {
-    match v.parse::<u16>() {
-        Ok(n @ 1..) => Ok(n),
-        _ => Err("port must be an integer from 1 to 65535".into()),
+    match none_is("0", v).parse::<u16>() {
+        Ok(0) => Ok(KERNEL_DEFAULT_VXLAN_PORT),
+        Ok(n) => Ok(n),
+        _ => Err("port must be an integer from 0 (the kernel's default) to 65535".into()),
     }
 }
 
@@ -169,7 +186,7 @@ pub fn parse_mtu_v6(v: &str) -> Result<Option<u32>, String> {
 }
 
 fn parse_mtu(v: &str, min: u32) -> Result<Option<u32>, String> {
-    match v.parse::<u32>() {
+    match none_is("0", v).parse::<u32>() {
         Ok(0) => Ok(None),
         Ok(n) if (min..=65535).contains(&n) => Ok(Some(n)),
         _ => Err(format!(
@@ -211,17 +228,20 @@ pub fn parse_calc_protocol(v: &str) -> Result<u8, String> {
     }
 }
 
+/// Felix's list syntax: comma-separated, spaces around items ignored.
 pub fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
-    v.split(',')
+    none_is("", v)
+        .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| parse_cidr("CIDR", s).map_err(|e| e.0))
         .collect()
 }
 
-/// Felix gives intervals in seconds; 0 turns the periodic refresh off.
+/// Felix gives intervals in seconds, fractions allowed; 0 turns the
+/// periodic refresh off.
 pub fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
-    match v.parse::<f64>() {
+    match none_is("0", v).parse::<f64>() {
         Ok(0.0) => Ok(None),
         Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
         _ => Err("interval must be a number of seconds".into()),
@@ -231,6 +251,7 @@ pub fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
 /// The command line's form: a duration ("90s", "2m") or, as Felix gives
 /// it, a bare number of seconds; 0 turns the periodic refresh off.
 pub fn parse_refresh_interval(v: &str) -> Result<Option<Duration>, String> {
+    let v = none_is("0", v);
     if v.parse::<f64>().is_ok() {
         return parse_refresh_seconds(v);
     }
@@ -292,7 +313,7 @@ mod tests {
         let err = c
             .apply_update(&map(&[
                 ("VXLANVNI", "16777216"),
-                ("VXLANPort", "0"),
+                ("VXLANPort", "65536"),
                 ("VXLANMTU", "1300"),
                 ("VXLANMTUV6", "1000"),
                 ("ExternalNodesCIDRList", "10.0.0.0/8,bogus"),
@@ -300,7 +321,7 @@ mod tests {
             .unwrap_err();
         for part in [
             "VXLANVNI \"16777216\"",
-            "VXLANPort \"0\"",
+            "VXLANPort \"65536\"",
             "VXLANMTUV6 \"1000\"",
             "ExternalNodesCIDRList \"10.0.0.0/8,bogus\"",
         ] {
@@ -369,6 +390,66 @@ mod tests {
         }
         assert_eq!(parse_protocol("186"), Ok(186));
         assert!(parse_protocol("256").is_err());
+    }
+
+    #[test]
+    fn felix_none_is_the_zero_value_of_every_key_read() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[
+            ("VXLANMTU", "1400"),
+            ("ExternalNodesCIDRList", "10.1.0.0/16"),
+        ]))
+        .unwrap();
+        c.apply_update(&map(&[
+            ("VXLANVNI", "none"),
+            ("VXLANPort", "None"),
+            ("VXLANMTU", "NONE"),
+            ("VXLANMTUV6", "none"),
+            ("ExternalNodesCIDRList", "none"),
+            ("RouteRefreshInterval", "none"),
+        ]))
+        .unwrap();
+        let s = c.settings();
+        assert_eq!(s.vni, 0);
+        assert_eq!(s.port, KERNEL_DEFAULT_VXLAN_PORT, "port 0: the kernel's");
+        assert_eq!((s.mtu_v4, s.mtu_v6), (None, None), "MTUs automatic");
+        assert!(s.external_nodes.is_empty());
+        assert_eq!(s.route_refresh_interval, None, "refresh off");
+    }
+
+    #[test]
+    fn felix_values_in_their_own_syntax() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[
+            ("VXLANPort", "0"),
+            ("VXLANMTU", "0"),
+            ("ExternalNodesCIDRList", " 10.1.0.0/16 ,fd00::/64,"),
+            ("RouteRefreshInterval", "2.5"),
+        ]))
+        .unwrap();
+        let s = c.settings();
+        assert_eq!(s.port, KERNEL_DEFAULT_VXLAN_PORT);
+        assert_eq!(s.mtu_v4, None);
+        let cidrs: Vec<String> = s.external_nodes.iter().map(|n| n.to_string()).collect();
+        assert_eq!(cidrs, ["10.1.0.0/16", "fd00::/64"]);
+        assert_eq!(s.route_refresh_interval, Some(Duration::from_millis(2500)));
+        for (key, bad) in [
+            ("VXLANVNI", "nonesuch"),
+            ("VXLANPort", "-1"),
+            ("VXLANMTU", "none?"),
+            ("RouteRefreshInterval", "-3"),
+        ] {
+            let err = c.apply_update(&map(&[(key, bad)])).unwrap_err();
+            assert!(err.0.contains(&format!("{key} {}", quote(bad))), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_flags_read_none_too() {
+        assert_eq!(parse_refresh_interval("none"), Ok(None));
+        assert_eq!(parse_mtu_v6("none"), Ok(None));
+        assert_eq!(parse_vni("none"), Ok(0));
+        assert_eq!(parse_cidr_list("none"), Ok(Vec::new()));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! vxmgr: a per-node VXLAN dataplane service driven by a Felix-compatible
 //! calc stream. See DESIGN.md in the project docs for the layers.
 
+pub mod calc_source;
 pub mod client;
 pub mod config;
 pub mod daemon;

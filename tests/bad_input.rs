@@ -204,7 +204,11 @@ fn cases() -> Vec<(&'static str, String, String)> {
             config("VXLANVNI", "16777216"),
             "VXLANVNI \"16777216\"".into(),
         ),
-        ("port 0", config("VXLANPort", "0"), "VXLANPort \"0\"".into()),
+        (
+            "negative port",
+            config("VXLANPort", "-1"),
+            "VXLANPort \"-1\"".into(),
+        ),
         (
             "port over 65535",
             config("VXLANPort", "65536"),
@@ -434,11 +438,19 @@ async fn the_largest_sequence_number_is_reported_and_the_next_one_follows() {
         (status.first_sequence, status.last_sequence),
         (u64::MAX, u64::MAX)
     );
-    // A message without a number after it still gets one.
+    // A message without a number after it gets the next one: numbers wrap.
     stream
         .send(vec![message(&route("10.244.1.0/26", ""), 0)])
         .await;
-    stream.batch_covering(u64::MAX).await;
+    let status = stream.next_status().await;
+    assert_eq!(
+        (
+            status.first_sequence,
+            status.last_sequence,
+            status.message_count
+        ),
+        (0, 0, 1)
+    );
     let state = daemon.state().await;
     assert_eq!(state.ipv4.unwrap().remote_vteps.len(), 1);
 }

@@ -15,13 +15,15 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
-use super::batch::Batch;
+use super::batch::{Batch, Numbering};
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
+use crate::calc_source::EngineInput;
+use crate::calc_source::responses::Responder;
 use crate::manager::{Manager, Outcome};
 use crate::metrics::{MessageCounts, MessageOutcome, Metrics};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
-use crate::server::responses::Responder;
+use crate::server::StateQuery;
 use crate::server::state::dataplane_state;
 use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate, ToDataplane};
 use crate::wire::replay::ReplayWriter;
@@ -29,28 +31,6 @@ use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 
 /// The gRPC service name whose health follows the dataplane.
 pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
-
-pub enum EngineInput {
-    StreamStarted {
-        id: u64,
-        peer: String,
-        responder: Responder,
-    },
-    /// Messages of a stream, in order.
-    Messages {
-        id: u64,
-        messages: Vec<ToDataplane>,
-    },
-    StreamEnded {
-        id: u64,
-    },
-    /// The daemon is stopping.
-    Shutdown,
-}
-
-/// A GetState request. Queries come on a channel of their own, so that they
-/// are answered even while the task waits for the kernel.
-pub type StateQuery = oneshot::Sender<DataplaneState>;
 
 pub struct EngineOptions {
     pub batch_interval: Duration,
@@ -66,7 +46,7 @@ pub type Recorder = ReplayWriter<BufWriter<File>>;
 struct Stream {
     id: u64,
     responder: Option<Responder>,
-    next_sequence: u64,
+    numbering: Numbering,
 }
 
 struct Engine {
@@ -182,7 +162,7 @@ impl Engine {
                 self.stream = Some(Stream {
                     id,
                     responder: Some(responder),
-                    next_sequence: 1,
+                    numbering: Numbering::default(),
                 });
                 self.in_sync_applied = false;
                 self.dataplane_in_sync_sent = false;
@@ -190,7 +170,7 @@ impl Engine {
             }
             EngineInput::Messages { id, messages } => {
                 for msg in messages {
-                    self.on_message(id, msg);
+                    self.on_message(id, msg, events).await;
                 }
             }
             EngineInput::StreamEnded { id } => {
@@ -218,26 +198,38 @@ impl Engine {
         true
     }
 
-    fn on_message(&mut self, id: u64, msg: ToDataplane) {
+    async fn on_message(
+        &mut self,
+        id: u64,
+        msg: ToDataplane,
+        events: &mut mpsc::Receiver<KernelEvent>,
+    ) {
         let Some(stream) = self.stream.as_mut().filter(|s| s.id == id) else {
             return;
         };
+        let sequence = stream.numbering.number(msg.sequence_number);
+        let responder = stream.responder.clone();
         if let Some(recorder) = &mut self.recorder
             && let Err(e) = recorder.write(&msg)
         {
             warn!(error = %e, "recording stopped");
             self.recorder = None;
         }
-        let sequence = if msg.sequence_number == 0 {
-            stream.next_sequence
-        } else {
-            msg.sequence_number
-        };
-        // Sequence numbers come from the client: the last one must not overflow.
-        stream.next_sequence = sequence.saturating_add(1);
+        // A status covers a run of consecutive numbers: a message whose
+        // number does not follow on (a client that starts counting again)
+        // closes the batch before it.
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|(b, _)| !b.follows(sequence))
+        {
+            self.close_batch_now();
+            self.wait_for_kernel(events).await;
+            self.flush().await;
+        }
         let (batch, _) = self.open.get_or_insert_with(|| {
             (
-                Batch::new(id, stream.responder.clone()),
+                Batch::new(id, responder),
                 Instant::now() + self.options.batch_interval,
             )
         });

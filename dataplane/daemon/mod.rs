@@ -18,6 +18,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
+use crate::calc_source::EngineInput;
 use crate::config::{Config, SettingsLayer};
 use crate::kernel::KernelBackend;
 use crate::kernel::memory::MemoryBackend;
@@ -27,9 +28,10 @@ use crate::metrics::Metrics;
 use crate::metrics::backend::MeteredBackend;
 use crate::metrics::http::{self as metrics_http, CensusQuery};
 use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
+use crate::server::StateQuery;
 use crate::server::{self, DataplaneService, socket::SocketError};
 use crate::wire::replay::ReplayWriter;
-use engine::{EngineInput, EngineOptions};
+use engine::EngineOptions;
 use kernel_task::KernelTaskOptions;
 
 /// How long open streams get to finish when the daemon stops.
@@ -205,7 +207,7 @@ pub async fn run_with_backend<B: KernelBackend>(
 /// through `engine` and `queries`.
 struct Tasks {
     engine: mpsc::Sender<EngineInput>,
-    queries: mpsc::Sender<engine::StateQuery>,
+    queries: mpsc::Sender<StateQuery>,
     engine_task: tokio::task::JoinHandle<()>,
     kernel_thread: std::thread::JoinHandle<()>,
 }

@@ -13,9 +13,9 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
 use super::*;
+use crate::calc_source::responses::{self, Responses};
 use crate::kernel::objects::KernelOp;
 use crate::reconciler::tests::{CLUSTER, IN_SYNC};
-use crate::server::responses::{self, Responses};
 use crate::wire::json;
 use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response::Payload};
 

@@ -32,8 +32,10 @@ fn labels(op: &KernelOp) -> (&'static str, &'static str) {
         KernelOp::DisableTxChecksum { .. } => ("device", "disable_tx_checksum"),
         KernelOp::AddAddress { .. } => ("address", "add"),
         KernelOp::DeleteAddress { .. } => ("address", "delete"),
+        KernelOp::AddNexthop(_) => ("nexthop", "add"),
         KernelOp::ReplaceNexthop(_) => ("nexthop", "replace"),
         KernelOp::DeleteNexthop(_) => ("nexthop", "delete"),
+        KernelOp::AddRoute(_) => ("route", "add"),
         KernelOp::ReplaceRoute(_) => ("route", "replace"),
         KernelOp::DeleteRoute(_) => ("route", "delete"),
         KernelOp::ReplaceNeighbor(_) => ("neighbor", "replace"),
@@ -54,6 +56,10 @@ fn labels(op: &KernelOp) -> (&'static str, &'static str) {
 impl<B: KernelBackend> KernelBackend for MeteredBackend<B> {
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
         self.inner.dump(ownership).await
+    }
+
+    async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {
+        self.inner.addresses().await
     }
 
     async fn links(&mut self, names: &[String]) -> Result<Vec<Link>, KernelError> {

@@ -2,7 +2,6 @@
 //! GetState), health and reflection (v1 and v1alpha).
 
 pub mod authority;
-pub mod responses;
 pub mod socket;
 pub mod state;
 
@@ -18,12 +17,16 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
-use crate::daemon::engine::{EngineInput, StateQuery};
+use crate::calc_source::EngineInput;
+use crate::calc_source::responses::{self, Responses};
 use crate::wire::felix::ToDataplane;
 use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
 use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
 use crate::wire::{DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
-use responses::Responses;
+
+/// A GetState request. Queries come on a channel of their own, so that they
+/// are answered even while the manager task waits for the kernel.
+pub type StateQuery = oneshot::Sender<DataplaneState>;
 
 /// Responses buffered for a stream before a client that does not read is
 /// considered stuck.
