@@ -10,8 +10,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Stands in for a calc process (Felix's calc graph, a flannel-style subnet
+/// manager): replays recorded message streams into vxmgrd, generates
+/// synthetic clusters, and runs the two-node demo.
 #[derive(Parser)]
-#[command(name = "calc-stub", version, about)]
+#[command(name = "calc-stub", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -2,6 +2,7 @@
 //! task together, and stops them cleanly.
 
 pub mod batch;
+pub mod capabilities;
 pub mod engine;
 pub mod kernel_task;
 #[cfg(test)]
@@ -88,6 +89,8 @@ pub enum DaemonError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    NoNetAdmin(#[from] capabilities::MissingNetAdmin),
     #[error("the {0} kernel backend is not available: {1}")]
     Backend(&'static str, String),
     #[error("starting the kernel task: {0}")]
@@ -110,6 +113,7 @@ pub async fn run(
             run_with_backend(open, options, shutdown).await
         }
         KernelKind::Netlink => {
+            capabilities::require_net_admin()?;
             let open =
                 || NetlinkBackend::new().map_err(|e| DaemonError::Backend("netlink", e.message));
             run_with_backend(open, options, shutdown).await
