@@ -237,7 +237,7 @@ fn a_socket_group_opens_the_socket_to_that_group() {
 fn bad_flags_are_refused_with_their_value() {
     for (flag, value) in [
         ("--vxlan-vni", "16777216"),
-        ("--vxlan-port", "0"),
+        ("--vxlan-port", "65536"),
         ("--vxlan-mtu-v6", "1000"),
         ("--external-nodes-cidr", "10.0.0.0/33"),
         ("--route-protocol", "256"),
