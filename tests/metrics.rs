@@ -110,9 +110,7 @@ fn probes_follow_readiness_and_metrics_count_what_happened() {
     );
     assert!(value("vxmgr_batch_apply_duration_seconds_count") >= 1.0);
     assert!(value("vxmgr_last_batch_timestamp_seconds") > 1.7e9);
-    assert!(
-        value("vxmgr_kernel_operations_total{kind=\"route\",op=\"replace\",result=\"ok\"}") >= 3.0
-    );
+    assert!(value("vxmgr_kernel_operations_total{kind=\"route\",op=\"add\",result=\"ok\"}") >= 3.0);
     for (kind, count) in [
         ("device", 1.0),
         ("route", 3.0),
