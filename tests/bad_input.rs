@@ -7,7 +7,8 @@ mod support;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
-use support::{Daemon, Stream};
+use bytes::Bytes;
+use support::{Daemon, Stream, encode};
 use vxmgr::wire::felix::ToDataplane;
 use vxmgr::wire::json;
 use vxmgr::wire::vxmgr::v1::RejectedMessage;
@@ -341,6 +342,43 @@ async fn an_oversized_message_is_refused_with_a_clear_status() {
     next.batch_covering(1).await;
 }
 
+#[tokio::test]
+async fn a_message_that_does_not_decode_is_rejected_and_the_stream_goes_on() {
+    let daemon = Daemon::memory_batching_until_stream_end();
+    let mut stream = Stream::open(&daemon).await;
+    // A field of wire type 7, which does not exist.
+    let junk = Bytes::from_static(&[0x0f, 0x01]);
+    stream
+        .send_bytes(vec![
+            encode(&message(NODE_B, 0)),
+            junk,
+            encode(&message(&route("10.244.1.0/26", ""), 0)),
+        ])
+        .await;
+    stream.close_send();
+    let status = stream.next_status().await;
+    assert_eq!(
+        (
+            status.first_sequence,
+            status.last_sequence,
+            status.message_count
+        ),
+        (0, 2, 3),
+        "numbered like the rest: {status:?}"
+    );
+    assert_eq!(status.rejected.len(), 1, "{status:?}");
+    let rejected = &status.rejected[0];
+    assert_eq!(rejected.sequence_number, 1);
+    assert!(
+        rejected
+            .reason
+            .contains("a message of 2 bytes does not decode as a ToDataplane"),
+        "{rejected:?}"
+    );
+    let v4 = daemon.state().await.ipv4.unwrap();
+    assert_eq!(v4.tunnel_routes.len(), 1, "the route after it applies");
+}
+
 /// Writes `junk` on a raw connection and reads until the daemon hangs up.
 fn send_junk(daemon: &Daemon, junk: &[u8]) -> Vec<u8> {
     let mut conn = UnixStream::connect(&daemon.socket).expect("connect");
@@ -393,7 +431,7 @@ async fn a_client_that_stops_reading_loses_its_stream_not_the_daemon() {
     let bad = route(&"9".repeat(100), "");
     let flood = tokio::spawn(async move {
         for n in 2.. {
-            if tx.send(message(&bad, n)).await.is_err() {
+            if tx.send(encode(&message(&bad, n))).await.is_err() {
                 return;
             }
         }

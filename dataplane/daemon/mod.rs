@@ -17,6 +17,7 @@ use tonic_health::server::HealthReporter;
 use tracing::{info, warn};
 
 use crate::calc_source::EngineInput;
+use crate::calc_source::recorder::Recorder;
 use crate::config::{Config, SettingsLayer};
 use crate::kernel::KernelBackend;
 use crate::kernel::memory::MemoryBackend;
@@ -25,7 +26,6 @@ use crate::manager::Manager;
 use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
 use crate::server::StateQuery;
 use crate::server::{self, DataplaneService, socket::SocketError};
-use crate::wire::replay::ReplayWriter;
 use engine::EngineOptions;
 use kernel_task::KernelTaskOptions;
 
@@ -111,19 +111,17 @@ pub async fn run_with_backend<B: KernelBackend>(
     options: DaemonOptions,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let record = match &options.record {
-        Some(path) => Some(
-            ReplayWriter::create(path).map_err(|source| DaemonError::Record {
-                path: path.clone(),
-                source,
-            })?,
-        ),
-        None => None,
+    let recorder = match &options.record {
+        Some(path) => Recorder::create(path).map_err(|source| DaemonError::Record {
+            path: path.clone(),
+            source,
+        })?,
+        None => Recorder::default(),
     };
     let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
     info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, "vxmgrd starting");
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let tasks = match Tasks::start(open, &options, record, health_reporter).await {
+    let tasks = match Tasks::start(open, &options, health_reporter).await {
         Ok(tasks) => tasks,
         Err(e) => {
             let _ = std::fs::remove_file(&options.socket);
@@ -139,6 +137,7 @@ pub async fn run_with_backend<B: KernelBackend>(
             tasks.engine.clone(),
             tasks.queries.clone(),
             options.response_buffer,
+            recorder,
         ),
         health_service,
         async {
@@ -180,7 +179,6 @@ impl Tasks {
     async fn start<B: KernelBackend>(
         open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
         options: &DaemonOptions,
-        record: Option<engine::Recorder>,
         health: HealthReporter,
     ) -> Result<Tasks, DaemonError> {
         // Known before the first Health/Check can arrive: NOT_SERVING, not NOT_FOUND.
@@ -243,7 +241,6 @@ impl Tasks {
             EngineOptions {
                 batch_interval: options.batch_interval,
                 heartbeat_interval: options.heartbeat_interval,
-                record,
             },
             engine_rx,
             queries_rx,

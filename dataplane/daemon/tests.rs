@@ -13,6 +13,7 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
 use super::*;
+use crate::calc_source::Incoming;
 use crate::calc_source::responses::{self, Responses};
 use crate::kernel::objects::KernelOp;
 use crate::reconciler::tests::{CLUSTER, IN_SYNC};
@@ -56,7 +57,7 @@ impl Rig {
         let reporter = HealthReporter::new();
         let health = HealthService::from_health_reporter(reporter.clone());
         let backend = kernel.clone();
-        let tasks = Tasks::start(move || Ok(backend), &options(), None, reporter)
+        let tasks = Tasks::start(move || Ok(backend), &options(), reporter)
             .await
             .expect("memory kernel");
         let (responder, responses) = responses::channel(STREAM, 64);
@@ -87,7 +88,7 @@ impl Rig {
                     json::from_str(line).expect("test JSON");
                 self.sent += 1;
                 msg.sequence_number = self.sent;
-                msg
+                Incoming::Message(msg)
             })
             .collect();
         let input = EngineInput::Messages {

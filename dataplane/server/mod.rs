@@ -16,12 +16,12 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
-use crate::calc_source::EngineInput;
+use crate::calc_source::recorder::Recorder;
 use crate::calc_source::responses::{self, Responses};
-use crate::wire::felix::ToDataplane;
+use crate::calc_source::{EngineInput, Incoming};
 use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
 use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
-use crate::wire::{DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
+use crate::wire::{DESCRIPTOR_SET, MAX_MESSAGE_BYTES, Received};
 
 /// A GetState request. Queries come on a channel of their own, so that they
 /// are answered even while the manager task waits for the kernel.
@@ -41,6 +41,7 @@ pub struct DataplaneService {
     active: Arc<Mutex<Option<String>>>,
     next_stream: AtomicU64,
     response_buffer: usize,
+    recorder: Recorder,
 }
 
 impl DataplaneService {
@@ -48,6 +49,7 @@ impl DataplaneService {
         engine: mpsc::Sender<EngineInput>,
         queries: mpsc::Sender<StateQuery>,
         response_buffer: usize,
+        recorder: Recorder,
     ) -> DataplaneService {
         DataplaneService {
             engine,
@@ -55,6 +57,7 @@ impl DataplaneService {
             active: Arc::new(Mutex::new(None)),
             next_stream: AtomicU64::new(1),
             response_buffer,
+            recorder,
         }
     }
 }
@@ -88,7 +91,7 @@ impl Dataplane for DataplaneService {
 
     async fn sync(
         &self,
-        request: Request<Streaming<ToDataplane>>,
+        request: Request<Streaming<Received>>,
     ) -> Result<Response<Self::SyncStream>, Status> {
         let peer = describe_peer(&request);
         {
@@ -119,6 +122,7 @@ impl Dataplane for DataplaneService {
         // them in: one hand-over per chunk, not per message.
         let mut inbound = request.into_inner().ready_chunks(MESSAGE_CHUNK);
         let mut cut = Box::pin(responder.cut());
+        let recorder = self.recorder.clone();
         tokio::spawn(async move {
             let _guard = guard;
             loop {
@@ -135,13 +139,17 @@ impl Dataplane for DataplaneService {
                 let mut failure = None;
                 for item in chunk {
                     match item {
-                        Ok(msg) => messages.push(msg),
+                        Ok(received) => {
+                            recorder.record(&received);
+                            messages.push(Incoming::from(received));
+                        }
                         Err(status) => {
                             failure = Some(status);
                             break;
                         }
                     }
                 }
+                recorder.flush();
                 let input = EngineInput::Messages { id, messages };
                 if engine.send(input).await.is_err() {
                     break;

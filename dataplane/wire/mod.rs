@@ -1,21 +1,51 @@
 //! Generated protocol types and their encodings. No logic.
 
+pub mod codec;
 pub mod json;
 pub mod replay;
+
+use bytes::Bytes;
+use prost::Message;
 
 pub mod felix {
     tonic::include_proto!("felix");
 }
 
 pub mod vxmgr {
+    // The generated server makes its codecs with `Default`, unit structs too.
+    #[allow(clippy::default_constructed_unit_structs)]
     pub mod v1 {
         tonic::include_proto!("vxmgr.v1");
+        include!(concat!(env!("OUT_DIR"), "/vxmgr.v1.Dataplane.rs"));
     }
 }
 
 /// Largest message accepted, from a client of the socket or from a replay
 /// file.
 pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+
+/// A `ToDataplane` as it arrived: its bytes, exactly as received (unknown
+/// fields and kinds included), and what they decode to.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub bytes: Bytes,
+    pub message: Result<felix::ToDataplane, prost::DecodeError>,
+}
+
+impl Received {
+    pub fn new(bytes: Bytes) -> Received {
+        let message = felix::ToDataplane::decode(bytes.clone());
+        Received { bytes, message }
+    }
+
+    /// The bytes of `message` as prost encodes it.
+    pub fn encode(message: &felix::ToDataplane) -> Received {
+        Received {
+            bytes: message.encode_to_vec().into(),
+            message: Ok(message.clone()),
+        }
+    }
+}
 
 /// Encoded `FileDescriptorSet` of proto/: serves gRPC reflection and the
 /// proto3 JSON codecs.
