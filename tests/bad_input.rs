@@ -8,10 +8,10 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
 use bytes::Bytes;
-use support::{Daemon, Stream, encode};
-use vxmgr::wire::felix::ToDataplane;
-use vxmgr::wire::json;
-use vxmgr::wire::vxmgr::v1::RejectedMessage;
+use support::{Daemon, Stream, encode, felix};
+use vxmgr::wire::felix::{RouteUpdate, ToDataplane, to_dataplane::Payload};
+use vxmgr::wire::vxmgr::v1::{BatchStatus, RejectedMessage};
+use vxmgr::wire::{MAX_MESSAGE_BYTES, json};
 
 const NODE_A: &str = r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#;
 const NODE_B: &str = r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#;
@@ -325,14 +325,22 @@ fn an_unknown_oneof_member_is_ignored() {
 }
 
 #[tokio::test]
-async fn an_oversized_message_is_refused_with_a_clear_status() {
+async fn a_message_over_the_limit_ends_its_stream_with_resource_exhausted() {
     let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
-    let big = route(&"9".repeat(5 << 20), "");
-    stream.send(vec![message(&big, 1)]).await;
+    let big = ToDataplane {
+        sequence_number: 1,
+        payload: Some(Payload::RouteUpdate(RouteUpdate {
+            dst: "9".repeat(MAX_MESSAGE_BYTES),
+            ..Default::default()
+        })),
+    };
+    stream.send(vec![big]).await;
     let status = stream.failure().await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(
-        status.message().contains("message length too large"),
+        status.message().contains("message length too large")
+            && status.message().contains("up to 64 MiB"),
         "{status:?}"
     );
     // The daemon goes on serving the next calc process.
@@ -340,6 +348,46 @@ async fn an_oversized_message_is_refused_with_a_clear_status() {
     let mut next = Stream::open(&daemon).await;
     next.send(vec![message(NODE_B, 1)]).await;
     next.batch_covering(1).await;
+}
+
+/// The statuses of `stream` until they cover `count` messages.
+async fn statuses_covering(stream: &mut Stream, count: u32) -> Vec<BatchStatus> {
+    let mut statuses = Vec::new();
+    let mut covered = 0;
+    while covered < count {
+        let status = stream.next_status().await;
+        covered += status.message_count;
+        statuses.push(status);
+    }
+    statuses
+}
+
+#[tokio::test]
+async fn a_large_message_of_a_kind_vxmgr_ignores_is_skipped_and_the_stream_goes_on() {
+    let daemon = Daemon::memory(&[]);
+    let mut stream = Stream::open(&daemon).await;
+    // Over the 4 MiB that gRPC allows by default, as a large cluster's
+    // IP set update is.
+    let ipset = felix::ipset_update(1, 20 << 20);
+    assert!(ipset.len() > 20 << 20);
+    stream
+        .send_bytes(vec![
+            encode(&message(NODE_B, 0)),
+            ipset,
+            encode(&message(&route("10.244.1.0/26", ""), 2)),
+        ])
+        .await;
+    let statuses = statuses_covering(&mut stream, 3).await;
+    let ignored: u32 = statuses.iter().map(|s| s.ignored).sum();
+    assert_eq!(ignored, 1, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| s.rejected.is_empty()),
+        "{statuses:?}"
+    );
+    let last = statuses.last().unwrap();
+    assert_eq!(last.last_sequence, 2, "{statuses:?}");
+    let v4 = daemon.state().await.ipv4.unwrap();
+    assert_eq!(v4.tunnel_routes.len(), 1, "the route after it applies");
 }
 
 #[tokio::test]

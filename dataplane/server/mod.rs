@@ -144,7 +144,7 @@ impl Dataplane for DataplaneService {
                             messages.push(Incoming::from(received));
                         }
                         Err(status) => {
-                            failure = Some(status);
+                            failure = Some(refusal(status));
                             break;
                         }
                     }
@@ -178,6 +178,21 @@ impl Dataplane for DataplaneService {
             .await
             .map_err(|_| Status::unavailable("vxmgrd is shutting down"))?;
         Ok(Response::new(state))
+    }
+}
+
+/// What the client is told when its stream fails. tonic says OUT_OF_RANGE
+/// for a message over the size limit; gRPC's own word for it is
+/// RESOURCE_EXHAUSTED.
+fn refusal(status: Status) -> Status {
+    if status.code() == tonic::Code::OutOfRange {
+        Status::resource_exhausted(format!(
+            "{}: vxmgrd takes messages of up to {} MiB",
+            status.message(),
+            MAX_MESSAGE_BYTES >> 20
+        ))
+    } else {
+        status
     }
 }
 

@@ -20,9 +20,13 @@ pub mod vxmgr {
     }
 }
 
-/// Largest message accepted, from a client of the socket or from a replay
-/// file.
-pub const MAX_MESSAGE_BYTES: usize = 4 << 20;
+/// Largest message accepted from a client of the socket or a replay file:
+/// a whole message is held in memory before it is decoded. Felix's largest
+/// messages are IP set updates: an IP set at Felix's default size limit
+/// (1,048,576 members) of IPv6 "address,protocol:port" members is about
+/// 50 MiB. Kinds vxmgr does not use are skipped while decoding, never
+/// materialised, so such a message costs its bytes once.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
 /// A `ToDataplane` as it arrived: its bytes, exactly as received (unknown
 /// fields and kinds included), and what they decode to.

@@ -353,7 +353,7 @@ mod tests {
         let err = read_framed(Path::new("cap.bin"), &claim).unwrap_err();
         assert!(
             err.to_string()
-                .contains("truncated frame at byte 0: length says 4194304 bytes, 10 remain"),
+                .contains("truncated frame at byte 0: length says 67108864 bytes, 10 remain"),
             "{err}"
         );
     }
