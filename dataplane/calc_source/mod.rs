@@ -1,6 +1,7 @@
 //! What a calc source (a Sync stream on the socket, Felix's pipes) hands
 //! the manager task, and how the manager task's reports go back to it.
 
+pub mod felix_pipes;
 pub mod recorder;
 pub mod responses;
 

@@ -14,9 +14,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::calc_source::EngineInput;
+use crate::calc_source::felix_pipes::{FelixPipes, PipeError};
 use crate::calc_source::recorder::Recorder;
 use crate::config::{Config, SettingsLayer};
 use crate::kernel::KernelBackend;
@@ -85,22 +86,26 @@ pub enum DaemonError {
     Backend(&'static str, String),
     #[error("starting the kernel task: {0}")]
     Runtime(std::io::Error),
+    #[error(transparent)]
+    FelixPipes(#[from] PipeError),
 }
 
-/// Runs the daemon until `shutdown` completes.
+/// Runs the daemon until `shutdown` completes, or, when `felix` gives
+/// Felix's pipes as the calc source, until Felix closes them.
 pub async fn run(
     options: DaemonOptions,
+    felix: Option<FelixPipes>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     match options.kernel {
         KernelKind::Memory => {
             let open = || Ok(MemoryBackend::with_underlay("eth0", 1500));
-            run_with_backend(open, options, shutdown).await
+            run_with_backend(open, options, felix, shutdown).await
         }
         KernelKind::Netlink => {
             let open =
                 || NetlinkBackend::new().map_err(|e| DaemonError::Backend("netlink", e.message));
-            run_with_backend(open, options, shutdown).await
+            run_with_backend(open, options, felix, shutdown).await
         }
     }
 }
@@ -109,6 +114,7 @@ pub async fn run(
 pub async fn run_with_backend<B: KernelBackend>(
     open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
     options: DaemonOptions,
+    felix: Option<FelixPipes>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     let recorder = match &options.record {
@@ -119,7 +125,12 @@ pub async fn run_with_backend<B: KernelBackend>(
         None => Recorder::default(),
     };
     let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
-    info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, "vxmgrd starting");
+    let calc_source = if felix.is_some() {
+        "felix-pipes"
+    } else {
+        "socket"
+    };
+    info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, calc_source, "vxmgrd starting");
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     let tasks = match Tasks::start(open, &options, health_reporter).await {
         Ok(tasks) => tasks,
@@ -137,18 +148,42 @@ pub async fn run_with_backend<B: KernelBackend>(
             tasks.engine.clone(),
             tasks.queries.clone(),
             options.response_buffer,
-            recorder,
+            recorder.clone(),
+            felix.is_some().then(|| {
+                "the calc stream comes from Felix's pipes (vxmgrd runs as Felix's dataplane \
+                 driver, calc source felix-pipes): Sync on the socket is refused"
+                    .to_string()
+            }),
         ),
         health_service,
         async {
             let _ = stop_rx.await;
         },
     );
+    let felix_stream = async {
+        match felix {
+            Some(pipes) => {
+                pipes
+                    .run(tasks.engine.clone(), recorder, options.response_buffer)
+                    .await
+            }
+            None => std::future::pending().await,
+        }
+    };
     let mut served = Ok(());
+    let mut felix_ended = Ok(());
     tokio::select! {
         result = server => served = result,
         () = shutdown => {
             info!("stopping: the kernel is left as it is");
+            let _ = stop_tx.send(());
+        }
+        ended = felix_stream => {
+            match &ended {
+                Ok(()) => info!("Felix closed the calc stream: stopping, the kernel is left as it is"),
+                Err(e) => error!(error = %e, "stopping: the kernel is left as it is"),
+            }
+            felix_ended = ended;
             let _ = stop_tx.send(());
         }
     }
@@ -157,6 +192,7 @@ pub async fn run_with_backend<B: KernelBackend>(
         warn!(error = %e, socket = %options.socket.display(), "could not remove the socket");
     }
     served?;
+    felix_ended?;
     Ok(())
 }
 

@@ -42,6 +42,8 @@ pub struct DataplaneService {
     next_stream: AtomicU64,
     response_buffer: usize,
     recorder: Recorder,
+    /// Why Sync is refused, when the calc stream comes from elsewhere.
+    sync_refused: Option<String>,
 }
 
 impl DataplaneService {
@@ -50,6 +52,7 @@ impl DataplaneService {
         queries: mpsc::Sender<StateQuery>,
         response_buffer: usize,
         recorder: Recorder,
+        sync_refused: Option<String>,
     ) -> DataplaneService {
         DataplaneService {
             engine,
@@ -58,6 +61,7 @@ impl DataplaneService {
             next_stream: AtomicU64::new(1),
             response_buffer,
             recorder,
+            sync_refused,
         }
     }
 }
@@ -93,6 +97,9 @@ impl Dataplane for DataplaneService {
         &self,
         request: Request<Streaming<Received>>,
     ) -> Result<Response<Self::SyncStream>, Status> {
+        if let Some(why) = &self.sync_refused {
+            return Err(Status::failed_precondition(why.clone()));
+        }
         let peer = describe_peer(&request);
         {
             let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());

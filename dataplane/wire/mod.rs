@@ -1,11 +1,15 @@
 //! Generated protocol types and their encodings. No logic.
 
 pub mod codec;
+pub mod framing;
 pub mod json;
 pub mod replay;
 
+use std::sync::LazyLock;
+
 use bytes::Bytes;
-use prost::Message;
+use prost::{Message, Name};
+use prost_reflect::DescriptorPool;
 
 pub mod felix {
     tonic::include_proto!("felix");
@@ -54,3 +58,20 @@ impl Received {
 /// Encoded `FileDescriptorSet` of proto/: serves gRPC reflection and the
 /// proto3 JSON codecs.
 pub const DESCRIPTOR_SET: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/vxmgr_descriptor.bin"));
+
+static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(DESCRIPTOR_SET).expect("descriptor set built from proto/ is valid")
+});
+
+/// The descriptors of proto/.
+pub fn descriptors() -> &'static DescriptorPool {
+    &DESCRIPTORS
+}
+
+/// The name of the `ToDataplane` field `field`, when it is one of the kinds
+/// vxmgr uses (proto/ leaves the others out).
+pub fn payload_kind(field: u64) -> Option<String> {
+    let field = u32::try_from(field).ok()?;
+    let message = descriptors().get_message_by_name(&felix::ToDataplane::full_name())?;
+    Some(message.get_field(field)?.name().to_string())
+}

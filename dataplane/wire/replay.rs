@@ -11,10 +11,8 @@ use bytes::Bytes;
 use prost::Message;
 
 use super::felix::ToDataplane;
+use super::framing::{Frame, FrameError, FrameReader};
 use super::{MAX_MESSAGE_BYTES, Received, json};
-
-/// Frames larger than this are refused: the daemon would refuse the message.
-pub const MAX_FRAME: u64 = MAX_MESSAGE_BYTES as u64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplayFormat {
@@ -41,13 +39,9 @@ pub enum ReplayError {
         line: usize,
         message: String,
     },
-    #[error("{}: truncated frame at byte {offset}: {message}", path.display())]
-    Truncated {
-        path: PathBuf,
-        offset: u64,
-        message: String,
-    },
-    #[error("{}: frame at byte {offset} is {len} bytes, over the {MAX_FRAME}-byte limit", path.display())]
+    #[error("{}: {source}", path.display())]
+    Frame { path: PathBuf, source: FrameError },
+    #[error("{}: frame at byte {offset} is {len} bytes, over the {MAX_MESSAGE_BYTES}-byte limit", path.display())]
     TooLarge {
         path: PathBuf,
         offset: u64,
@@ -134,68 +128,28 @@ fn read_jsonl(path: &Path, reader: impl BufRead) -> Result<Vec<ToDataplane>, Rep
 }
 
 /// Every frame's body with its offset in the file.
-fn read_frames(path: &Path, mut reader: impl Read) -> Result<Vec<(u64, Vec<u8>)>, ReplayError> {
+fn read_frames(path: &Path, reader: impl Read) -> Result<Vec<(u64, Vec<u8>)>, ReplayError> {
     let mut frames = Vec::new();
-    let mut offset = 0u64;
+    let mut reader = FrameReader::new(reader, MAX_MESSAGE_BYTES);
     loop {
-        let mut header = [0u8; 8];
-        let got = read_up_to(&mut reader, &mut header).map_err(|source| ReplayError::Io {
+        let offset = reader.offset();
+        let frame = reader.next_frame().map_err(|source| ReplayError::Frame {
             path: path.to_path_buf(),
             source,
         })?;
-        match got {
-            0 => return Ok(frames),
-            8 => {}
-            n => {
-                return Err(ReplayError::Truncated {
+        match frame {
+            None => return Ok(frames),
+            Some(Frame::Whole(body)) => frames.push((offset, body)),
+            // The daemon would refuse it.
+            Some(Frame::Oversized(len)) => {
+                return Err(ReplayError::TooLarge {
                     path: path.to_path_buf(),
                     offset,
-                    message: format!("{n} of the 8 length bytes"),
+                    len,
                 });
             }
         }
-        let len = u64::from_le_bytes(header);
-        if len > MAX_FRAME {
-            return Err(ReplayError::TooLarge {
-                path: path.to_path_buf(),
-                offset,
-                len,
-            });
-        }
-        // The body grows as its bytes arrive: a length prefix alone,
-        // however large, allocates nothing.
-        let mut body = Vec::new();
-        let got = (&mut reader)
-            .take(len)
-            .read_to_end(&mut body)
-            .map_err(|source| ReplayError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        if (got as u64) < len {
-            return Err(ReplayError::Truncated {
-                path: path.to_path_buf(),
-                offset,
-                message: format!("length says {len} bytes, {got} remain"),
-            });
-        }
-        frames.push((offset, body));
-        offset += 8 + len;
     }
-}
-
-/// Fills `buf` as far as the input goes; returns how much was read.
-fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match reader.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
 }
 
 /// Writes messages in a replay format.
@@ -341,14 +295,14 @@ mod tests {
         assert!(err.to_string().contains("truncated frame at byte"), "{err}");
         let err = read_framed(Path::new("cap.bin"), &framed[..3]).unwrap_err();
         assert!(err.to_string().contains("3 of the 8 length bytes"), "{err}");
-        let huge = (MAX_FRAME + 1).to_le_bytes();
+        let huge = (MAX_MESSAGE_BYTES as u64 + 1).to_le_bytes();
         let err = read_framed(Path::new("cap.bin"), &huge).unwrap_err();
         assert!(err.to_string().contains("over the"), "{err}");
     }
 
     #[test]
     fn a_length_prefix_beyond_the_input_is_truncated_not_read() {
-        let mut claim = MAX_FRAME.to_le_bytes().to_vec();
+        let mut claim = (MAX_MESSAGE_BYTES as u64).to_le_bytes().to_vec();
         claim.extend_from_slice(&[0x7a; 10]);
         let err = read_framed(Path::new("cap.bin"), &claim).unwrap_err();
         assert!(

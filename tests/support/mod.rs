@@ -95,13 +95,21 @@ impl Daemon {
     }
 
     fn spawn(dir: TempDir, socket: PathBuf, args: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let mut child = Command::new(VXMGRD)
+        let mut command = Command::new(VXMGRD);
+        command
             .arg("--socket")
             .arg(&socket)
             .args(args)
             .envs(env.iter().copied())
             .env("VXMGR_LOG", "info,vxmgr=debug")
-            .env("NO_COLOR", "1")
+            .env("NO_COLOR", "1");
+        Daemon::spawn_command(dir, socket, command)
+    }
+
+    /// Runs `command` (a vxmgrd serving on `socket`) with its standard
+    /// error captured, and waits until it serves.
+    pub fn spawn_command(dir: TempDir, socket: PathBuf, mut command: Command) -> Daemon {
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -167,6 +175,28 @@ impl Daemon {
     pub fn terminate(mut self) -> std::process::ExitStatus {
         signal(self.pid(), libc::SIGTERM);
         self.child.wait().expect("vxmgrd exit status")
+    }
+
+    /// Waits for the daemon to exit by itself; kills it and fails the test
+    /// if it has not within 30 s.
+    pub fn exit_status(&mut self) -> std::process::ExitStatus {
+        let pid = self.pid();
+        let log = self.log.clone();
+        let (exited, status) = std::sync::mpsc::channel();
+        std::thread::scope(|scope| {
+            let child = &mut self.child;
+            scope.spawn(move || {
+                let _ = exited.send(child.wait().expect("vxmgrd exit status"));
+            });
+            match status.recv_timeout(Duration::from_secs(30)) {
+                Ok(status) => status,
+                Err(_) => {
+                    signal(pid, libc::SIGKILL);
+                    let log = log.text.lock().unwrap();
+                    panic!("vxmgrd did not exit within 30 s:\n{log}");
+                }
+            }
+        })
     }
 
     /// A gRPC client on this daemon's socket.
