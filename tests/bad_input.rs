@@ -8,9 +8,9 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
 use bytes::Bytes;
-use support::{Daemon, Stream, encode, felix};
+use support::{Daemon, Stream, covered, encode, felix};
 use vxmgr::wire::felix::{RouteUpdate, ToDataplane, to_dataplane::Payload};
-use vxmgr::wire::vxmgr::v1::{BatchStatus, RejectedMessage};
+use vxmgr::wire::vxmgr::v1::RejectedMessage;
 use vxmgr::wire::{MAX_MESSAGE_BYTES, json};
 
 const NODE_A: &str = r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#;
@@ -350,16 +350,13 @@ async fn a_message_over_the_limit_ends_its_stream_with_resource_exhausted() {
     next.batch_covering(1).await;
 }
 
-/// The statuses of `stream` until they cover `count` messages.
-async fn statuses_covering(stream: &mut Stream, count: u32) -> Vec<BatchStatus> {
-    let mut statuses = Vec::new();
-    let mut covered = 0;
-    while covered < count {
-        let status = stream.next_status().await;
-        covered += status.message_count;
-        statuses.push(status);
-    }
-    statuses
+/// Node B's VTEP (message 0), `middle` (1) and a route through node B (2).
+fn between_vtep_and_route(middle: Bytes) -> Vec<Bytes> {
+    vec![
+        encode(&message(NODE_B, 0)),
+        middle,
+        encode(&message(&route("10.244.1.0/26", ""), 2)),
+    ]
 }
 
 #[tokio::test]
@@ -370,14 +367,8 @@ async fn a_large_message_of_a_kind_vxmgr_ignores_is_skipped_and_the_stream_goes_
     // IP set update is.
     let ipset = felix::ipset_update(1, 20 << 20);
     assert!(ipset.len() > 20 << 20);
-    stream
-        .send_bytes(vec![
-            encode(&message(NODE_B, 0)),
-            ipset,
-            encode(&message(&route("10.244.1.0/26", ""), 2)),
-        ])
-        .await;
-    let statuses = statuses_covering(&mut stream, 3).await;
+    stream.send_bytes(between_vtep_and_route(ipset)).await;
+    let statuses = stream.statuses_covering(3).await;
     let ignored: u32 = statuses.iter().map(|s| s.ignored).sum();
     assert_eq!(ignored, 1, "{statuses:?}");
     assert!(
@@ -396,21 +387,11 @@ async fn a_message_that_does_not_decode_is_rejected_and_the_stream_goes_on() {
     let mut stream = Stream::open(&daemon).await;
     // A field of wire type 7, which does not exist.
     let junk = Bytes::from_static(&[0x0f, 0x01]);
-    stream
-        .send_bytes(vec![
-            encode(&message(NODE_B, 0)),
-            junk,
-            encode(&message(&route("10.244.1.0/26", ""), 0)),
-        ])
-        .await;
+    stream.send_bytes(between_vtep_and_route(junk)).await;
     stream.close_send();
     let status = stream.next_status().await;
     assert_eq!(
-        (
-            status.first_sequence,
-            status.last_sequence,
-            status.message_count
-        ),
+        covered(&status),
         (0, 2, 3),
         "numbered like the rest: {status:?}"
     );
@@ -513,23 +494,13 @@ async fn the_largest_sequence_number_is_reported_and_the_next_one_follows() {
     let mut stream = Stream::open(&daemon).await;
     stream.send(vec![message(NODE_B, u64::MAX)]).await;
     let status = stream.next_status().await;
-    assert_eq!(
-        (status.first_sequence, status.last_sequence),
-        (u64::MAX, u64::MAX)
-    );
+    assert_eq!(covered(&status), (u64::MAX, u64::MAX, 1));
     // A message without a number after it gets the next one: numbers wrap.
     stream
         .send(vec![message(&route("10.244.1.0/26", ""), 0)])
         .await;
     let status = stream.next_status().await;
-    assert_eq!(
-        (
-            status.first_sequence,
-            status.last_sequence,
-            status.message_count
-        ),
-        (0, 0, 1)
-    );
+    assert_eq!(covered(&status), (0, 0, 1));
     let state = daemon.state().await;
     assert_eq!(state.ipv4.unwrap().remote_vteps.len(), 1);
 }

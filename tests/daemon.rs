@@ -9,10 +9,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use prost::Message;
-use support::{Daemon, Stream, VXMGRD, felix};
-use tokio::sync::mpsc;
+use support::{Covered, Daemon, Stream, VXMGRD, covered, felix};
 use tokio_stream::StreamExt;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use vxmgr::wire::felix::ToDataplane;
@@ -34,13 +32,7 @@ fn two_nodes() -> Vec<ToDataplane> {
 async fn a_second_sync_is_refused_naming_the_active_peer() {
     let daemon = Daemon::memory(&[]);
     let _first = Stream::open(&daemon).await;
-    let (_tx, rx) = mpsc::channel::<ToDataplane>(1);
-    let err = daemon
-        .client()
-        .await
-        .sync(ReceiverStream::new(rx))
-        .await
-        .expect_err("second stream refused");
+    let err = daemon.refused_sync().await;
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     let me = format!("pid {} uid {}", std::process::id(), nix::unistd::getuid());
     assert!(err.message().contains(&me), "{}", err.message());
@@ -318,15 +310,7 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
     stream.send(messages).await;
     stream.close_send();
     let status = stream.next_status().await;
-    assert_eq!(
-        (
-            status.first_sequence,
-            status.last_sequence,
-            status.message_count
-        ),
-        (1, 4, 4),
-        "one batch: {status:?}"
-    );
+    assert_eq!(covered(&status), (1, 4, 4), "one batch: {status:?}");
     assert_eq!(status.result, BatchResult::Partial as i32, "{status:?}");
     assert_eq!(status.rejected.len(), 1, "{status:?}");
     assert_eq!(status.rejected[0].sequence_number, 3);
@@ -341,9 +325,6 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
     assert_eq!(routes, ["10.244.1.0/26", "10.244.1.64/26"]);
     assert_eq!(v4.remote_vteps.len(), 1);
 }
-
-/// What a status covers: first and last sequence number, message count.
-type Covered = (u64, u64, u32);
 
 /// The statuses of one stream that sends messages numbered `numbers` and
 /// closes; its batches close only at a break in the numbers and at its end.
@@ -362,14 +343,8 @@ async fn statuses_of_a_stream_numbered(numbers: &[u64]) -> Vec<Covered> {
         )
         .await;
     stream.close_send();
-    let mut statuses = Vec::new();
-    let mut covered = 0;
-    while covered < numbers.len() {
-        let s = stream.next_status().await;
-        covered += s.message_count as usize;
-        statuses.push((s.first_sequence, s.last_sequence, s.message_count));
-    }
-    statuses
+    let statuses = stream.statuses_covering(numbers.len() as u32).await;
+    statuses.iter().map(covered).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

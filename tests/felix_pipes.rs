@@ -17,8 +17,6 @@ use bytes::Bytes;
 use nix::fcntl::OFlag;
 use prost::Message;
 use support::{Daemon, VXMGRD, felix};
-use tokio::sync::mpsc as tokio_mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use vxmgr::wire::MAX_MESSAGE_BYTES;
@@ -192,14 +190,7 @@ async fn vxmgrd_runs_as_felixs_dataplane_driver() {
     assert_eq!(health.status, ServingStatus::Serving as i32);
 
     // Felix is the calc process: a Sync on the socket is refused.
-    let (_tx, rx) = tokio_mpsc::channel::<ToDataplane>(1);
-    let refused = driver
-        .daemon
-        .client()
-        .await
-        .sync(ReceiverStream::new(rx))
-        .await
-        .expect_err("Sync refused");
+    let refused = driver.daemon.refused_sync().await;
     assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
     assert!(
         refused.message().contains("Felix's pipes"),

@@ -199,6 +199,17 @@ impl Daemon {
         })
     }
 
+    /// A Sync that must be refused: its status.
+    pub async fn refused_sync(&self) -> tonic::Status {
+        // The typed client: what a calc process built on the proto sends.
+        let (_tx, rx) = mpsc::channel::<ToDataplane>(1);
+        self.client()
+            .await
+            .sync(ReceiverStream::new(rx))
+            .await
+            .expect_err("Sync refused")
+    }
+
     /// A gRPC client on this daemon's socket.
     pub async fn client(
         &self,
@@ -402,6 +413,19 @@ impl Stream {
         }
     }
 
+    /// The batch statuses until they cover `count` messages (counted, so
+    /// whatever the messages' numbers).
+    pub async fn statuses_covering(&mut self, count: u32) -> Vec<BatchStatus> {
+        let mut statuses = Vec::new();
+        let mut covered = 0;
+        while covered < count {
+            let status = self.next_status().await;
+            covered += status.message_count;
+            statuses.push(status);
+        }
+        statuses
+    }
+
     /// The next batch status, skipping other responses.
     pub async fn next_status(&mut self) -> BatchStatus {
         self.next(|p| match p {
@@ -445,4 +469,15 @@ impl Stream {
 /// A message's bytes, as prost encodes it.
 pub fn encode(message: &ToDataplane) -> Bytes {
     message.encode_to_vec().into()
+}
+
+/// What a status covers: first and last sequence number, message count.
+pub type Covered = (u64, u64, u32);
+
+pub fn covered(status: &BatchStatus) -> Covered {
+    (
+        status.first_sequence,
+        status.last_sequence,
+        status.message_count,
+    )
 }
