@@ -41,6 +41,16 @@ pub enum Incoming {
     },
 }
 
+impl Incoming {
+    /// The number it was sent with; 0 (proto3's "none") when it has none.
+    pub fn sent_sequence(&self) -> u64 {
+        match self {
+            Incoming::Message(msg) => msg.sequence_number,
+            Incoming::Refused { sequence, .. } => sequence.unwrap_or(0),
+        }
+    }
+}
+
 impl From<Received> for Incoming {
     fn from(received: Received) -> Incoming {
         match received.message {

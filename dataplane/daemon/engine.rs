@@ -190,11 +190,7 @@ impl Engine {
         let Some(stream) = self.stream.as_mut().filter(|s| s.id == id) else {
             return;
         };
-        let sent = match &incoming {
-            Incoming::Message(msg) => msg.sequence_number,
-            Incoming::Refused { sequence, .. } => sequence.unwrap_or(0),
-        };
-        let sequence = stream.numbering.number(sent);
+        let sequence = stream.numbering.number(incoming.sent_sequence());
         let responder = stream.responder.clone();
         // A status covers a run of consecutive numbers: a message whose
         // number does not follow on (a client that starts counting again)
@@ -204,7 +200,6 @@ impl Engine {
             .as_ref()
             .is_some_and(|(b, _)| !b.follows(sequence))
         {
-            self.close_batch_now();
             self.wait_for_kernel(events).await;
             self.flush().await;
         }
