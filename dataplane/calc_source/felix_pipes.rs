@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 
 use super::recorder::Recorder;
 use super::responses::{self, Responses};
-use super::{EngineInput, Incoming};
+use super::{EngineInput, Incoming, MESSAGE_CHUNK};
 use crate::wire::felix::{FromDataplane, ToDataplane, from_dataplane};
 use crate::wire::framing::{Frame, FrameError, FrameReader, Skimmed};
 use crate::wire::vxmgr::v1::sync_response;
@@ -32,9 +32,6 @@ pub const REPORTS_FD: RawFd = 4;
 
 /// The stream's id: the only stream while the pipes are the source.
 const STREAM: u64 = 1;
-
-/// Most messages handed to the manager task at once.
-const MESSAGE_CHUNK: usize = 1024;
 
 /// Felix's ends of the pipes, as vxmgrd inherited them.
 #[derive(Debug)]

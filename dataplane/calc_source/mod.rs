@@ -9,6 +9,9 @@ use crate::wire::Received;
 use crate::wire::felix::ToDataplane;
 use responses::Responder;
 
+/// Most messages a calc source hands the manager task at once.
+pub const MESSAGE_CHUNK: usize = 1024;
+
 /// What a calc source tells the manager task.
 pub enum EngineInput {
     StreamStarted {

@@ -18,7 +18,7 @@ use tracing::{info, warn};
 
 use crate::calc_source::recorder::Recorder;
 use crate::calc_source::responses::{self, Responses};
-use crate::calc_source::{EngineInput, Incoming};
+use crate::calc_source::{EngineInput, Incoming, MESSAGE_CHUNK};
 use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
 use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
 use crate::wire::{DESCRIPTOR_SET, MAX_MESSAGE_BYTES, Received};
@@ -30,9 +30,6 @@ pub type StateQuery = oneshot::Sender<DataplaneState>;
 /// Responses buffered for a stream before a client that does not read is
 /// considered stuck.
 pub const RESPONSE_BUFFER: usize = 4096;
-
-/// Most messages handed to the manager task at once.
-const MESSAGE_CHUNK: usize = 1024;
 
 pub struct DataplaneService {
     engine: mpsc::Sender<EngineInput>,
