@@ -4,12 +4,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::StubError;
-use vxmgr::wire::felix::ToDataplane;
+use vxmgr::client::SyncError;
 use vxmgr::wire::vxmgr::v1::{BatchResult, BatchStatus, GetStateRequest, sync_response};
 use vxmgr::wire::{json, replay};
 
@@ -43,20 +44,24 @@ pub struct ReplayArgs {
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
-    let mut messages: Vec<ToDataplane> = Vec::new();
+    // Sent as they are, byte for byte: the daemon numbers messages that
+    // carry no number.
+    let mut messages: Vec<Bytes> = Vec::new();
     for file in &args.files {
-        messages.extend(replay::read_file(file)?);
+        messages.extend(replay::read_file_bytes(file)?);
     }
-    // Sent as they are: the daemon numbers messages that carry no number.
     let total = messages.len() as u64;
-    let mut client = vxmgr::client::dataplane(&args.socket)
-        .await
-        .map_err(|source| StubError::Connect {
-            socket: args.socket.clone(),
-            source,
-        })?;
+    let unreachable = |source| StubError::Connect {
+        socket: args.socket.clone(),
+        source,
+    };
     let (tx, rx) = mpsc::channel(1024);
-    let mut responses = client.sync(ReceiverStream::new(rx)).await?.into_inner();
+    let mut responses = vxmgr::client::sync_bytes(&args.socket, ReceiverStream::new(rx))
+        .await
+        .map_err(|e| match e {
+            SyncError::Connect(source) => unreachable(source),
+            SyncError::Rpc(status) => StubError::Rpc(status),
+        })?;
 
     let step = args.step;
     // How many messages the statuses so far covered. Counted rather than
@@ -135,6 +140,9 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
     if args.expect.is_none() && args.save_state.is_none() {
         return Ok(all_ok);
     }
+    let mut client = vxmgr::client::dataplane(&args.socket)
+        .await
+        .map_err(unreachable)?;
     let state = client.get_state(GetStateRequest {}).await?.into_inner();
     let actual = comparable_state(json::to_value(&state));
     let actual_text = serde_json::to_string_pretty(&actual).expect("JSON values print") + "\n";

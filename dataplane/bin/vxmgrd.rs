@@ -12,16 +12,22 @@ use ipnetwork::IpNetwork;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
+use vxmgr::calc_source::felix_pipes::FelixPipes;
 use vxmgr::config::{self, SettingsLayer};
 use vxmgr::daemon::{self, ChecksumOffloadBroken, DaemonOptions, KernelKind};
 use vxmgr::reconciler::NexthopMode;
 
 /// Programs the kernel's VXLAN dataplane (device, ARP/FDB, routes,
 /// blackholes, allowed-sources ipset) from a Felix-compatible calc stream
-/// received over gRPC on a unix socket.
+/// received over gRPC on a unix socket, or from Felix itself as its
+/// external dataplane driver.
 #[derive(Parser, Debug)]
 #[command(name = "vxmgrd", version)]
 struct Cli {
+    /// Where the calc stream comes from: Sync on the socket, or Felix's
+    /// pipes (fds 3 and 4) when Felix runs vxmgrd as its dataplane driver.
+    #[arg(long, env = "VXMGR_CALC_SOURCE", value_enum, default_value_t = CalcSource::Socket)]
+    calc_source: CalcSource,
     /// Unix socket to serve on (its directory is created; mode 0600).
     #[arg(
         long,
@@ -109,6 +115,14 @@ struct Cli {
     log: String,
 }
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum CalcSource {
+    /// `Sync` on the socket.
+    Socket,
+    /// Felix's external dataplane driver pipes: fd 3 in, fd 4 out.
+    FelixPipes,
+}
+
 /// Up to a day: back-off times stay within what the clock can add.
 fn parse_contest_window(v: &str) -> Result<Duration, String> {
     match humantime::parse_duration(v) {
@@ -168,9 +182,8 @@ impl Cli {
 
 /// Errors end the daemon with one line on stderr, whatever RUST_BACKTRACE
 /// says: they are about the setup, not the code.
-#[tokio::main]
-async fn main() -> ExitCode {
-    match run(Cli::parse()).await {
+fn main() -> ExitCode {
+    match start(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("vxmgrd: {e:#}");
@@ -179,7 +192,19 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+fn start(cli: Cli) -> anyhow::Result<()> {
+    // Before the runtime opens its own files, which would take fds 3 and 4
+    // when Felix did not pass them.
+    let felix = match cli.calc_source {
+        CalcSource::FelixPipes => Some(FelixPipes::take()?),
+        CalcSource::Socket => None,
+    };
+    tokio::runtime::Runtime::new()
+        .context("starting the runtime")?
+        .block_on(run(cli, felix))
+}
+
+async fn run(cli: Cli, felix: Option<FelixPipes>) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&cli.log).context("parsing --log")?)
         .with_writer(std::io::stderr)
@@ -199,6 +224,6 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             _ = int.recv() => {}
         }
     };
-    daemon::run(options, shutdown).await?;
+    daemon::run(options, felix, shutdown).await?;
     Ok(())
 }

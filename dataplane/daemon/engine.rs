@@ -4,8 +4,6 @@
 //! DataplaneInSync back to the stream. It also answers GetState, so reads
 //! never wait for the kernel.
 
-use std::fs::File;
-use std::io::BufWriter;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -17,16 +15,15 @@ use tracing::{debug, info, warn};
 
 use super::batch::{Batch, Numbering};
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
-use crate::calc_source::EngineInput;
 use crate::calc_source::responses::Responder;
+use crate::calc_source::{EngineInput, Incoming};
 use crate::manager::{Manager, Outcome};
 use crate::metrics::{MessageCounts, MessageOutcome, Metrics};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
 use crate::server::StateQuery;
 use crate::server::state::dataplane_state;
-use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate, ToDataplane};
-use crate::wire::replay::ReplayWriter;
+use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate};
 use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 
 /// The gRPC service name whose health follows the dataplane.
@@ -35,12 +32,8 @@ pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
 pub struct EngineOptions {
     pub batch_interval: Duration,
     pub heartbeat_interval: Duration,
-    /// Where every received message is recorded.
-    pub record: Option<Recorder>,
     pub metrics: Arc<Metrics>,
 }
-
-pub type Recorder = ReplayWriter<BufWriter<File>>;
 
 /// The active stream.
 struct Stream {
@@ -71,7 +64,6 @@ struct Engine {
     /// The latest stream was told DataplaneInSync (or it would have been,
     /// had it still been open).
     dataplane_in_sync_sent: bool,
-    recorder: Option<Recorder>,
     /// Messages of the open batch, by type and outcome.
     message_counts: MessageCounts,
     started: Instant,
@@ -81,7 +73,7 @@ struct Engine {
 
 pub async fn run(
     manager: Manager,
-    mut options: EngineOptions,
+    options: EngineOptions,
     mut inputs: mpsc::Receiver<EngineInput>,
     queries: mpsc::Receiver<StateQuery>,
     kernel: mpsc::Sender<KernelCommand>,
@@ -104,7 +96,6 @@ pub async fn run(
         objects: ObjectHealth::default(),
         in_sync_applied: false,
         dataplane_in_sync_sent: false,
-        recorder: options.record.take(),
         message_counts: MessageCounts::default(),
         started: Instant::now(),
         options,
@@ -201,20 +192,14 @@ impl Engine {
     async fn on_message(
         &mut self,
         id: u64,
-        msg: ToDataplane,
+        incoming: Incoming,
         events: &mut mpsc::Receiver<KernelEvent>,
     ) {
         let Some(stream) = self.stream.as_mut().filter(|s| s.id == id) else {
             return;
         };
-        let sequence = stream.numbering.number(msg.sequence_number);
+        let sequence = stream.numbering.number(incoming.sent_sequence());
         let responder = stream.responder.clone();
-        if let Some(recorder) = &mut self.recorder
-            && let Err(e) = recorder.write(&msg)
-        {
-            warn!(error = %e, "recording stopped");
-            self.recorder = None;
-        }
         // A status covers a run of consecutive numbers: a message whose
         // number does not follow on (a client that starts counting again)
         // closes the batch before it.
@@ -223,7 +208,6 @@ impl Engine {
             .as_ref()
             .is_some_and(|(b, _)| !b.follows(sequence))
         {
-            self.close_batch_now();
             self.wait_for_kernel(events).await;
             self.flush().await;
         }
@@ -234,6 +218,14 @@ impl Engine {
             )
         });
         batch.add(sequence);
+        let msg = match incoming {
+            Incoming::Message(msg) => msg,
+            Incoming::Refused { reason, .. } => {
+                warn!(sequence, %reason, "message refused");
+                batch.reject(sequence, reason);
+                return;
+            }
+        };
         let kind = MessageCounts::kind_of(&msg);
         let outcome = match Update::from_message(msg).and_then(|u| match u {
             Some(u) => self.manager.on_update(u),
@@ -300,12 +292,6 @@ impl Engine {
         let metrics = &self.options.metrics;
         metrics.messages(&mut self.message_counts);
         metrics.stream(self.stream.is_some(), request.in_sync);
-        if let Some(recorder) = &mut self.recorder
-            && let Err(e) = recorder.flush()
-        {
-            warn!(error = %e, "recording stopped");
-            self.recorder = None;
-        }
         self.apply_in_flight = true;
         let command = KernelCommand::Apply {
             request,

@@ -17,9 +17,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::calc_source::EngineInput;
+use crate::calc_source::felix_pipes::{FelixPipes, PipeError};
+use crate::calc_source::recorder::Recorder;
 use crate::config::{Config, SettingsLayer};
 use crate::kernel::KernelBackend;
 use crate::kernel::memory::MemoryBackend;
@@ -31,7 +33,6 @@ use crate::metrics::http::{self as metrics_http, CensusQuery};
 use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
 use crate::server::StateQuery;
 use crate::server::{self, DataplaneService, socket::SocketError};
-use crate::wire::replay::ReplayWriter;
 use engine::EngineOptions;
 use kernel_task::KernelTaskOptions;
 
@@ -100,23 +101,27 @@ pub enum DaemonError {
         address: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    FelixPipes(#[from] PipeError),
 }
 
-/// Runs the daemon until `shutdown` completes.
+/// Runs the daemon until `shutdown` completes, or, when `felix` gives
+/// Felix's pipes as the calc source, until Felix closes them.
 pub async fn run(
     options: DaemonOptions,
+    felix: Option<FelixPipes>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     match options.kernel {
         KernelKind::Memory => {
             let open = || Ok(MemoryBackend::with_underlay("eth0", 1500));
-            run_with_backend(open, options, shutdown).await
+            run_with_backend(open, options, felix, shutdown).await
         }
         KernelKind::Netlink => {
             capabilities::require_net_admin()?;
             let open =
                 || NetlinkBackend::new().map_err(|e| DaemonError::Backend("netlink", e.message));
-            run_with_backend(open, options, shutdown).await
+            run_with_backend(open, options, felix, shutdown).await
         }
     }
 }
@@ -125,16 +130,15 @@ pub async fn run(
 pub async fn run_with_backend<B: KernelBackend>(
     open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
     options: DaemonOptions,
+    felix: Option<FelixPipes>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let record = match &options.record {
-        Some(path) => Some(
-            ReplayWriter::create(path).map_err(|source| DaemonError::Record {
-                path: path.clone(),
-                source,
-            })?,
-        ),
-        None => None,
+    let recorder = match &options.record {
+        Some(path) => Recorder::create(path).map_err(|source| DaemonError::Record {
+            path: path.clone(),
+            source,
+        })?,
+        None => Recorder::default(),
     };
     let http_listener = match options.http_listen {
         Some(address) => Some(
@@ -145,19 +149,16 @@ pub async fn run_with_backend<B: KernelBackend>(
         None => None,
     };
     let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
-    info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, "vxmgrd starting");
+    let calc_source = if felix.is_some() {
+        "felix-pipes"
+    } else {
+        "socket"
+    };
+    info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, calc_source, "vxmgrd starting");
     let metrics = Arc::new(Metrics::new());
     let (census_tx, census_rx) = mpsc::channel(4);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let started = Tasks::start(
-        open,
-        &options,
-        record,
-        health_reporter,
-        metrics.clone(),
-        census_rx,
-    )
-    .await;
+    let started = Tasks::start(open, &options, health_reporter, metrics.clone(), census_rx).await;
     let tasks = match started {
         Ok(tasks) => tasks,
         Err(e) => {
@@ -184,17 +185,42 @@ pub async fn run_with_backend<B: KernelBackend>(
             tasks.engine.clone(),
             tasks.queries.clone(),
             options.response_buffer,
+            recorder.clone(),
+            felix.is_some().then(|| {
+                "the calc stream comes from Felix's pipes (vxmgrd runs as Felix's dataplane \
+                 driver, calc source felix-pipes): Sync on the socket is refused"
+                    .to_string()
+            }),
         ),
         health_service,
         async {
             let _ = stop_rx.await;
         },
     );
+    let felix_stream = async {
+        match felix {
+            Some(pipes) => {
+                pipes
+                    .run(tasks.engine.clone(), recorder, options.response_buffer)
+                    .await
+            }
+            None => std::future::pending().await,
+        }
+    };
     let mut served = Ok(());
+    let mut felix_ended = Ok(());
     tokio::select! {
         result = server => served = result,
         () = shutdown => {
             info!("stopping: the kernel is left as it is");
+            let _ = stop_tx.send(());
+        }
+        ended = felix_stream => {
+            match &ended {
+                Ok(()) => info!("Felix closed the calc stream: stopping, the kernel is left as it is"),
+                Err(e) => error!(error = %e, "stopping: the kernel is left as it is"),
+            }
+            felix_ended = ended;
             let _ = stop_tx.send(());
         }
     }
@@ -204,6 +230,7 @@ pub async fn run_with_backend<B: KernelBackend>(
         warn!(error = %e, socket = %options.socket.display(), "could not remove the socket");
     }
     served?;
+    felix_ended?;
     Ok(())
 }
 
@@ -226,7 +253,6 @@ impl Tasks {
     async fn start<B: KernelBackend>(
         open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
         options: &DaemonOptions,
-        record: Option<engine::Recorder>,
         health: HealthReporter,
         metrics: Arc<Metrics>,
         census: mpsc::Receiver<CensusQuery>,
@@ -293,7 +319,6 @@ impl Tasks {
             EngineOptions {
                 batch_interval: options.batch_interval,
                 heartbeat_interval: options.heartbeat_interval,
-                record,
                 metrics,
             },
             engine_rx,

@@ -13,6 +13,7 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
 use super::*;
+use crate::calc_source::Incoming;
 use crate::calc_source::responses::{self, Responses};
 use crate::kernel::objects::KernelOp;
 use crate::reconciler::tests::{CLUSTER, IN_SYNC};
@@ -60,16 +61,9 @@ impl Rig {
         let metrics = Arc::new(Metrics::new());
         // No census is asked for: its sender goes at once.
         let (_, census) = mpsc::channel(1);
-        let tasks = Tasks::start(
-            move || Ok(backend),
-            &options(),
-            None,
-            reporter,
-            metrics,
-            census,
-        )
-        .await
-        .expect("memory kernel");
+        let tasks = Tasks::start(move || Ok(backend), &options(), reporter, metrics, census)
+            .await
+            .expect("memory kernel");
         let (responder, responses) = responses::channel(STREAM, 64);
         tasks
             .engine
@@ -98,7 +92,7 @@ impl Rig {
                     json::from_str(line).expect("test JSON");
                 self.sent += 1;
                 msg.sequence_number = self.sent;
-                msg
+                Incoming::Message(msg)
             })
             .collect();
         let input = EngineInput::Messages {
