@@ -11,5 +11,4 @@ pub mod manager;
 pub mod model;
 pub mod reconciler;
 pub mod server;
-pub mod testbed;
 pub mod wire;

@@ -288,6 +288,11 @@ pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 pub mod netns;
+/// The namespace testbed, from calc-stub's sources (its demo runs on it).
+/// Each test uses a part of it.
+#[path = "../../calc-stub/testbed/mod.rs"]
+#[allow(unused_imports)]
+pub mod testbed;
 
 /// An open Sync stream.
 pub struct Stream {
