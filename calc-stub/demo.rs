@@ -4,9 +4,8 @@
 
 use std::path::PathBuf;
 
-use vxmgr::testbed::{self, Binaries, Cluster, TestbedError};
-
 use crate::StubError;
+use crate::testbed::{self, Binaries, Cluster, TestbedError};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {

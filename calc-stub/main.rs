@@ -4,6 +4,10 @@
 mod demo;
 mod generate;
 mod replay;
+// The namespace testbed. The demo runs on its cluster; tests/ and benches/
+// include this same directory (with #[path]) and use the rest of it.
+#[allow(dead_code, unused_imports)]
+mod testbed;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

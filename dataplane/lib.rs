@@ -13,5 +13,4 @@ pub mod metrics;
 pub mod model;
 pub mod reconciler;
 pub mod server;
-pub mod testbed;
 pub mod wire;

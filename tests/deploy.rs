@@ -11,7 +11,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use vxmgr::testbed::{Binaries, Cluster};
+use support::testbed::{Binaries, Cluster};
 
 #[test]
 fn systemd_units_verify_cleanly() {

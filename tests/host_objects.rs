@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use support::netns::{can_run, cluster};
-use vxmgr::testbed::{self, Cluster};
+use support::testbed::{self, Cluster};
 
 /// The host's own objects on node-1 (underlay 192.168.10.1/24 on eth0,
 /// its gateway 192.168.10.254; node-2 is 192.168.10.2).

@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde_json::Value;
 use support::BackgroundReplay;
 use support::netns::{assert_census, binaries, can_run, cluster};
+use support::testbed::{self, Census, Cluster, Monitor, census};
 use vxmgr::model::Family;
-use vxmgr::testbed::{self, Census, Cluster, Monitor, census};
 
 const WAIT: Duration = Duration::from_secs(20);
 

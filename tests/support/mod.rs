@@ -332,6 +332,11 @@ pub fn stderr(output: &Output) -> String {
 }
 pub mod felix;
 pub mod netns;
+/// The namespace testbed, from calc-stub's sources (its demo runs on it).
+/// Each test uses a part of it.
+#[path = "../../calc-stub/testbed/mod.rs"]
+#[allow(unused_imports)]
+pub mod testbed;
 
 /// An open Sync stream. Messages go as bytes, so that a test can send what
 /// a typed client could not: Felix's kinds vxmgr does not know, bytes that
