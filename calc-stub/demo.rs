@@ -2,13 +2,11 @@
 //! its view of the cluster, pod-to-pod ping over VXLAN (IPv4 and IPv6), the
 //! kernel state vxmgr programmed, and a clean teardown.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 
-use std::net::IpAddr;
-
-use vxmgr::testbed::{self, Binaries, Cluster, Node, TestbedError};
-
 use crate::StubError;
+use crate::testbed::{self, Binaries, Cluster, Node, TestbedError};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -115,7 +113,7 @@ fn tunnel_packets(ns: &str, dev: &str) -> Result<u64, StubError> {
 pub fn run(args: DemoArgs) -> Result<bool, StubError> {
     if !nix::unistd::geteuid().is_root() {
         return Err(StubError::Other(
-            "the demo needs root for network namespaces: sudo scripts/demo".into(),
+            "the demo needs root for network namespaces: run it as root (sudo scripts/demo, or scripts/demo in a root shell)".into(),
         ));
     }
     if args.flannel {
@@ -170,16 +168,16 @@ pub fn run(args: DemoArgs) -> Result<bool, StubError> {
 
     if args.keep {
         cluster.keep();
-        step("kept running; look around, then clean up");
+        step("kept running; look around, then clean up (as root)");
         let n = &cluster.nodes;
-        println!("  sudo ip netns exec {} ip route", n[0].ns);
+        println!("  ip netns exec {} ip route", n[0].ns);
         println!(
-            "  grpcurl -plaintext -authority localhost -unix {} vxmgr.v1.Dataplane/GetState",
+            "  grpcurl -plaintext -unix {} vxmgr.v1.Dataplane/GetState",
             n[0].socket.display()
         );
         println!("  logs: {}/node-*.log", cluster.dir.display());
         println!(
-            "  clean up: sudo pkill -f 'vxmgrd --socket {}'; for ns in $(ip netns list | grep -o '^{}[^ ]*'); do sudo ip netns del $ns; done",
+            "  clean up: pkill -f 'vxmgrd --socket {}'; for ns in $(ip netns list | grep -o '^{}[^ ]*'); do ip netns del $ns; done",
             cluster.dir.display(),
             cluster.prefix
         );

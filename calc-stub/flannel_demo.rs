@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use vxmgr::testbed::{self, FlannelCluster};
+use crate::testbed::{self, FlannelCluster};
 
 use crate::StubError;
 use crate::demo::{DemoArgs, binaries, ping_pod, show, step};

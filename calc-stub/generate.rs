@@ -10,6 +10,7 @@ use std::io::{self, BufWriter, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 
+use vxmgr::wire::Received;
 use vxmgr::wire::felix::{
     ConfigUpdate, InSync, IpPoolType, RouteType, RouteUpdate, ToDataplane,
     VxlanTunnelEndpointUpdate, to_dataplane::Payload,
@@ -67,7 +68,7 @@ pub fn run(args: GenerateArgs) -> Result<bool, StubError> {
     let write = |out: &mut dyn Write, format| -> io::Result<()> {
         let mut w = ReplayWriter::new(out, format);
         for msg in cluster(&args) {
-            w.write(&msg)?;
+            w.write(&Received::encode(&msg))?;
         }
         w.flush()
     };

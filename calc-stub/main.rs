@@ -5,14 +5,21 @@ mod demo;
 mod flannel_demo;
 mod generate;
 mod replay;
+// The namespace testbed. The demo runs on its cluster; tests/ and benches/
+// include this same directory (with #[path]) and use the rest of it.
+#[allow(dead_code, unused_imports)]
+mod testbed;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Stands in for a calc process (Felix's calc graph, a flannel-style subnet
+/// manager): replays recorded message streams into vxmgrd, generates
+/// synthetic clusters, and runs the two-node demo.
 #[derive(Parser)]
-#[command(name = "calc-stub", version, about)]
+#[command(name = "calc-stub", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,7 +29,8 @@ struct Cli {
 enum Command {
     /// Stream replay files to vxmgrd and print every BatchStatus as a JSON line.
     ///
-    /// Messages are numbered 1..N across the files. Exits 0 when every batch
+    /// Messages are sent as they are, numbers included; the daemon numbers
+    /// those that carry none after their predecessor. Exits 0 when every batch
     /// was OK, 1 when a message was rejected, a kernel operation failed or
     /// the state differs from --expect, 2 when a file cannot be read or the
     /// daemon cannot be reached.

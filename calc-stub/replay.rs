@@ -4,12 +4,13 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::StubError;
-use vxmgr::wire::felix::ToDataplane;
+use vxmgr::client::SyncError;
 use vxmgr::wire::vxmgr::v1::{BatchResult, BatchStatus, GetStateRequest, sync_response};
 use vxmgr::wire::{json, replay};
 
@@ -43,34 +44,37 @@ pub struct ReplayArgs {
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
 pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
-    let mut messages: Vec<ToDataplane> = Vec::new();
+    // Sent as they are, byte for byte: the daemon numbers messages that
+    // carry no number.
+    let mut messages: Vec<Bytes> = Vec::new();
     for file in &args.files {
-        messages.extend(replay::read_file(file)?);
-    }
-    for (i, msg) in messages.iter_mut().enumerate() {
-        msg.sequence_number = i as u64 + 1;
+        messages.extend(replay::read_file_bytes(file)?);
     }
     let total = messages.len() as u64;
-    let mut client = vxmgr::client::dataplane(&args.socket)
-        .await
-        .map_err(|source| StubError::Connect {
-            socket: args.socket.clone(),
-            source,
-        })?;
+    let unreachable = |source| StubError::Connect {
+        socket: args.socket.clone(),
+        source,
+    };
     let (tx, rx) = mpsc::channel(1024);
-    let mut responses = client.sync(ReceiverStream::new(rx)).await?.into_inner();
+    let mut responses = vxmgr::client::sync_bytes(&args.socket, ReceiverStream::new(rx))
+        .await
+        .map_err(|e| match e {
+            SyncError::Connect(source) => unreachable(source),
+            SyncError::Rpc(status) => StubError::Rpc(status),
+        })?;
 
     let step = args.step;
-    let (acked_tx, mut acked_rx) = mpsc::unbounded_channel::<u64>();
+    // How many messages the statuses so far covered. Counted rather than
+    // compared by number: files may number their messages in any way.
+    let (covered_tx, mut covered_rx) = mpsc::unbounded_channel::<u64>();
     let sender = tokio::spawn(async move {
-        for msg in messages {
-            let sequence = msg.sequence_number;
+        for (sent, msg) in (1..).zip(messages) {
             if tx.send(msg).await.is_err() {
                 return;
             }
             if step {
-                while let Some(last) = acked_rx.recv().await {
-                    if last >= sequence {
+                while let Some(covered) = covered_rx.recv().await {
+                    if covered >= sent {
                         break;
                     }
                 }
@@ -78,13 +82,14 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
         }
         // Keep the stream open until the last status is in: closing it
         // early would end the daemon's stream before it reports.
-        while acked_rx.recv().await.is_some() {}
+        while covered_rx.recv().await.is_some() {}
         drop(tx);
     });
 
     let mut all_ok = true;
     // Statuses go to stdout until it closes (say, piped into head).
     let mut stdout = Some(std::io::stdout());
+    let mut covered = 0;
     let wait = async {
         if total == 0 {
             return Ok(());
@@ -99,8 +104,9 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
                         stdout = None;
                     }
                     all_ok &= is_ok(&status);
-                    let _ = acked_tx.send(status.last_sequence);
-                    if status.last_sequence >= total {
+                    covered += u64::from(status.message_count);
+                    let _ = covered_tx.send(covered);
+                    if covered >= total {
                         return Ok(());
                     }
                 }
@@ -118,11 +124,11 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
         .await
         .map_err(|_| {
             StubError::Other(format!(
-                "timed out after {} waiting for the batch covering message {total}",
+                "timed out after {} waiting for the batches covering all {total} messages",
                 humantime::format_duration(args.timeout)
             ))
         })??;
-    drop(acked_tx);
+    drop(covered_tx);
     let _ = sender.await;
     // Our side is closed: let the daemon end the stream, so it sees a clean
     // close rather than a dropped connection.
@@ -134,6 +140,9 @@ pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
     if args.expect.is_none() && args.save_state.is_none() {
         return Ok(all_ok);
     }
+    let mut client = vxmgr::client::dataplane(&args.socket)
+        .await
+        .map_err(unreachable)?;
     let state = client.get_state(GetStateRequest {}).await?.into_inner();
     let actual = comparable_state(json::to_value(&state));
     let actual_text = serde_json::to_string_pretty(&actual).expect("JSON values print") + "\n";

@@ -57,7 +57,7 @@ impl Default for Settings {
             port: 4789,
             mtu_v4: None,
             mtu_v6: None,
-            route_protocol: 80,
+            route_protocol: FELIX_ROUTE_PROTOCOL,
             external_nodes: Vec::new(),
             route_refresh_interval: Some(Duration::from_secs(90)),
             device_names: DeviceNames::default(),
@@ -145,7 +145,7 @@ impl Config {
         }
         if let Some((k, v)) = field("DeviceRouteProtocol") {
             next.route_protocol =
-                parse(k, v, parse_protocol).or_keep(previous.route_protocol, &mut errors);
+                parse(k, v, parse_calc_protocol).or_keep(previous.route_protocol, &mut errors);
         }
         if let Some((k, v)) = field("ExternalNodesCIDRList") {
             next.external_nodes =
@@ -191,17 +191,34 @@ fn parse<T>(key: &str, value: &str, f: impl FnOnce(&str) -> Result<T, String>) -
     Parsed(f(value).map_err(|why| format!("config {key} {}: {why}", quote(value))))
 }
 
-pub fn parse_vni(v: &str) -> Result<u32, String> {
-    match v.parse::<u32>() {
-        Ok(n @ 1..=0xff_ffff) => Ok(n),
-        _ => Err("VNI must be an integer from 1 to 16777215".into()),
+/// Felix's value syntax: `none`, in any case, sets a key to its zero value,
+/// given here as the text the key's parser reads as zero.
+fn none_is<'a>(zero: &'static str, v: &'a str) -> &'a str {
+    if v.eq_ignore_ascii_case("none") {
+        zero
+    } else {
+        v
     }
 }
 
+/// 0 is a VNI like any other to the kernel, and Felix's zero value.
+pub fn parse_vni(v: &str) -> Result<u32, String> {
+    match none_is("0", v).parse::<u32>() {
+        Ok(n @ 0..=0xff_ffff) => Ok(n),
+        _ => Err("VNI must be an integer from 0 to 16777215".into()),
+    }
+}
+
+/// The port the kernel gives a VXLAN device created without one.
+pub const KERNEL_DEFAULT_VXLAN_PORT: u16 = 8472;
+
+/// 0 means the kernel's default port. It is set explicitly, so that the
+/// device check compares the port the kernel reports with the one it set.
 pub fn parse_port(v: &str) -> Result<u16, String> {
-    match v.parse::<u16>() {
-        Ok(n @ 1..) => Ok(n),
-        _ => Err("port must be an integer from 1 to 65535".into()),
+    match none_is("0", v).parse::<u16>() {
+        Ok(0) => Ok(KERNEL_DEFAULT_VXLAN_PORT),
+        Ok(n) => Ok(n),
+        _ => Err("port must be an integer from 0 (the kernel's default) to 65535".into()),
     }
 }
 
@@ -216,7 +233,7 @@ pub fn parse_mtu_v6(v: &str) -> Result<Option<u32>, String> {
 }
 
 fn parse_mtu(v: &str, min: u32) -> Result<Option<u32>, String> {
-    match v.parse::<u32>() {
+    match none_is("0", v).parse::<u32>() {
         Ok(0) => Ok(None),
         Ok(n) if (min..=65535).contains(&n) => Ok(Some(n)),
         _ => Err(format!(
@@ -225,15 +242,43 @@ fn parse_mtu(v: &str, min: u32) -> Result<Option<u32>, String> {
     }
 }
 
+/// Felix's own route protocol, which it uses in place of RTPROT_BOOT.
+pub const FELIX_ROUTE_PROTOCOL: u8 = 80;
+
+/// RTPROT_BOOT: what `ip route add` gives a route when no protocol is named.
+const RTPROT_BOOT: u8 = 3;
+
+/// Protocols the kernel and administrators use (unspec, redirect, kernel,
+/// boot, static): routes of these are never vxmgr's, whatever it is told.
+pub const RESERVED_ROUTE_PROTOCOLS: std::ops::RangeInclusive<u8> = 0..=4;
+
+/// A route protocol from the command line or the environment: one that
+/// cannot be the host's own.
 pub fn parse_protocol(v: &str) -> Result<u8, String> {
     match v.parse::<u8>() {
-        Ok(n @ 1..) => Ok(n),
-        _ => Err("route protocol must be an integer from 1 to 255".into()),
+        Ok(n) if RESERVED_ROUTE_PROTOCOLS.contains(&n) => Err(format!(
+            "route protocol {n} is reserved for the kernel and administrators (0-4: unspec, \
+             redirect, kernel, boot, static): vxmgr would take the host's own routes as its own; \
+             use 5-255 (the default, {FELIX_ROUTE_PROTOCOL}, is Felix's)"
+        )),
+        Ok(n) => Ok(n),
+        Err(_) => Err("route protocol must be an integer from 5 to 255".into()),
     }
 }
 
+/// A ConfigUpdate's DeviceRouteProtocol, as Felix reads it: Felix sends 3
+/// (RTPROT_BOOT, its config default) and means its own protocol 80.
+pub fn parse_calc_protocol(v: &str) -> Result<u8, String> {
+    match v.parse::<u8>() {
+        Ok(RTPROT_BOOT) => Ok(FELIX_ROUTE_PROTOCOL),
+        _ => parse_protocol(v),
+    }
+}
+
+/// Felix's list syntax: comma-separated, spaces around items ignored.
 pub fn parse_cidr_list(v: &str) -> Result<Vec<IpNetwork>, String> {
-    v.split(',')
+    none_is("", v)
+        .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| parse_cidr("CIDR", s).map_err(|e| e.0))
@@ -250,9 +295,11 @@ pub fn parse_device_name(family: Family, v: &str) -> Result<Arc<str>, String> {
         Family::V4 => "flannel.",
         Family::V6 => "flannel-v6.",
     };
-    let flannel_vni = v
-        .strip_prefix(flannel)
-        .and_then(|n| parse_vni(n).ok().filter(|vni| vni.to_string() == n));
+    let flannel_vni = v.strip_prefix(flannel).and_then(|n| {
+        parse_vni(n)
+            .ok()
+            .filter(|vni| *vni != 0 && vni.to_string() == n)
+    });
     if v == family.device_name() || flannel_vni.is_some() {
         Ok(Arc::from(v))
     } else {
@@ -263,9 +310,10 @@ pub fn parse_device_name(family: Family, v: &str) -> Result<Arc<str>, String> {
     }
 }
 
-/// Felix gives intervals in seconds; 0 turns the periodic refresh off.
+/// Felix gives intervals in seconds, fractions allowed; 0 turns the
+/// periodic refresh off.
 pub fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
-    match v.parse::<f64>() {
+    match none_is("0", v).parse::<f64>() {
         Ok(0.0) => Ok(None),
         Ok(s) if s.is_finite() && s > 0.0 && s < 1e9 => Ok(Some(Duration::from_secs_f64(s))),
         _ => Err("interval must be a number of seconds".into()),
@@ -275,6 +323,7 @@ pub fn parse_refresh_seconds(v: &str) -> Result<Option<Duration>, String> {
 /// The command line's form: a duration ("90s", "2m") or, as Felix gives
 /// it, a bare number of seconds; 0 turns the periodic refresh off.
 pub fn parse_refresh_interval(v: &str) -> Result<Option<Duration>, String> {
+    let v = none_is("0", v);
     if v.parse::<f64>().is_ok() {
         return parse_refresh_seconds(v);
     }
@@ -336,7 +385,7 @@ mod tests {
         let err = c
             .apply_update(&map(&[
                 ("VXLANVNI", "16777216"),
-                ("VXLANPort", "0"),
+                ("VXLANPort", "65536"),
                 ("VXLANMTU", "1300"),
                 ("VXLANMTUV6", "1000"),
                 ("ExternalNodesCIDRList", "10.0.0.0/8,bogus"),
@@ -344,7 +393,7 @@ mod tests {
             .unwrap_err();
         for part in [
             "VXLANVNI \"16777216\"",
-            "VXLANPort \"0\"",
+            "VXLANPort \"65536\"",
             "VXLANMTUV6 \"1000\"",
             "ExternalNodesCIDRList \"10.0.0.0/8,bogus\"",
         ] {
@@ -420,6 +469,94 @@ mod tests {
         }
         c.apply_update(&map(&[])).unwrap();
         assert_eq!(c.settings().device_names, DeviceNames::default());
+    }
+
+    #[test]
+    fn felix_boot_protocol_means_felix_own_and_reserved_ones_are_refused() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[("DeviceRouteProtocol", "3")]))
+            .unwrap();
+        assert_eq!(c.settings().route_protocol, 80);
+        c.apply_update(&map(&[("DeviceRouteProtocol", "99")]))
+            .unwrap();
+        assert_eq!(c.settings().route_protocol, 99);
+        for reserved in ["0", "1", "2", "4"] {
+            let err = c
+                .apply_update(&map(&[("DeviceRouteProtocol", reserved)]))
+                .unwrap_err();
+            assert!(err.0.contains("reserved"), "{err}");
+            assert_eq!(
+                c.settings().route_protocol,
+                99,
+                "{reserved} kept the last value"
+            );
+        }
+        for reserved in ["0", "1", "2", "3", "4"] {
+            let err = parse_protocol(reserved).unwrap_err();
+            assert!(err.contains("reserved"), "{reserved}: {err}");
+        }
+        assert_eq!(parse_protocol("186"), Ok(186));
+        assert!(parse_protocol("256").is_err());
+    }
+
+    #[test]
+    fn felix_none_is_the_zero_value_of_every_key_read() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[
+            ("VXLANMTU", "1400"),
+            ("ExternalNodesCIDRList", "10.1.0.0/16"),
+        ]))
+        .unwrap();
+        c.apply_update(&map(&[
+            ("VXLANVNI", "none"),
+            ("VXLANPort", "None"),
+            ("VXLANMTU", "NONE"),
+            ("VXLANMTUV6", "none"),
+            ("ExternalNodesCIDRList", "none"),
+            ("RouteRefreshInterval", "none"),
+        ]))
+        .unwrap();
+        let s = c.settings();
+        assert_eq!(s.vni, 0);
+        assert_eq!(s.port, KERNEL_DEFAULT_VXLAN_PORT, "port 0: the kernel's");
+        assert_eq!((s.mtu_v4, s.mtu_v6), (None, None), "MTUs automatic");
+        assert!(s.external_nodes.is_empty());
+        assert_eq!(s.route_refresh_interval, None, "refresh off");
+    }
+
+    #[test]
+    fn felix_values_in_their_own_syntax() {
+        let mut c = Config::default();
+        c.apply_update(&map(&[
+            ("VXLANPort", "0"),
+            ("VXLANMTU", "0"),
+            ("ExternalNodesCIDRList", " 10.1.0.0/16 ,fd00::/64,"),
+            ("RouteRefreshInterval", "2.5"),
+        ]))
+        .unwrap();
+        let s = c.settings();
+        assert_eq!(s.port, KERNEL_DEFAULT_VXLAN_PORT);
+        assert_eq!(s.mtu_v4, None);
+        let cidrs: Vec<String> = s.external_nodes.iter().map(|n| n.to_string()).collect();
+        assert_eq!(cidrs, ["10.1.0.0/16", "fd00::/64"]);
+        assert_eq!(s.route_refresh_interval, Some(Duration::from_millis(2500)));
+        for (key, bad) in [
+            ("VXLANVNI", "nonesuch"),
+            ("VXLANPort", "-1"),
+            ("VXLANMTU", "none?"),
+            ("RouteRefreshInterval", "-3"),
+        ] {
+            let err = c.apply_update(&map(&[(key, bad)])).unwrap_err();
+            assert!(err.0.contains(&format!("{key} {}", quote(bad))), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_flags_read_none_too() {
+        assert_eq!(parse_refresh_interval("none"), Ok(None));
+        assert_eq!(parse_mtu_v6("none"), Ok(None));
+        assert_eq!(parse_vni("none"), Ok(0));
+        assert_eq!(parse_cidr_list("none"), Ok(Vec::new()));
     }
 
     #[test]

@@ -109,6 +109,7 @@ pub struct Change<T: Desired> {
 /// Everything one `complete_deferred_work` changed, in both families.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Delta {
+    /// `None`: no device to program; an existing one is left as it is.
     pub devices: Vec<Change<VxlanDevice>>,
     pub nexthops: Vec<Change<TunnelNexthop>>,
     pub routes: Vec<Change<Route>>,

@@ -1,6 +1,7 @@
 //! vxmgr: a per-node VXLAN dataplane service driven by a Felix-compatible
 //! calc stream. See DESIGN.md in the project docs for the layers.
 
+pub mod calc_source;
 pub mod client;
 pub mod config;
 pub mod daemon;
@@ -8,8 +9,8 @@ pub mod desired;
 pub mod fuzzing;
 pub mod kernel;
 pub mod manager;
+pub mod metrics;
 pub mod model;
 pub mod reconciler;
 pub mod server;
-pub mod testbed;
 pub mod wire;

@@ -7,10 +7,11 @@ mod support;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 
-use support::{Daemon, Stream};
-use vxmgr::wire::felix::ToDataplane;
-use vxmgr::wire::json;
+use bytes::Bytes;
+use support::{Daemon, Stream, covered, encode, felix};
+use vxmgr::wire::felix::{RouteUpdate, ToDataplane, to_dataplane::Payload};
 use vxmgr::wire::vxmgr::v1::RejectedMessage;
+use vxmgr::wire::{MAX_MESSAGE_BYTES, json};
 
 const NODE_A: &str = r#"{"vtepUpdate": {"node": "node-a", "mac": "66:aa:00:00:00:01", "ipv4Addr": "10.244.0.0", "parentDeviceIp": "192.168.10.1"}}"#;
 const NODE_B: &str = r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#;
@@ -204,7 +205,11 @@ fn cases() -> Vec<(&'static str, String, String)> {
             config("VXLANVNI", "16777216"),
             "VXLANVNI \"16777216\"".into(),
         ),
-        ("port 0", config("VXLANPort", "0"), "VXLANPort \"0\"".into()),
+        (
+            "negative port",
+            config("VXLANPort", "-1"),
+            "VXLANPort \"-1\"".into(),
+        ),
         (
             "port over 65535",
             config("VXLANPort", "65536"),
@@ -300,9 +305,16 @@ async fn every_bad_message_is_rejected_by_value_and_its_neighbours_apply() {
             "{dst} missing: {programmed:?}"
         );
     }
-    assert_eq!(v4.remote_vteps.len(), 1, "no bad VTEP got in");
+    // node-c's last update of each family claims a tunnel address it cannot
+    // have: nothing of it is usable.
+    assert_eq!(
+        v4.remote_vteps.len(),
+        1,
+        "only node-b: {:?}",
+        v4.remote_vteps
+    );
     let v6 = state.ipv6.unwrap();
-    assert!(v6.remote_vteps.is_empty(), "no bad VTEP got in");
+    assert!(v6.remote_vteps.is_empty(), "{:?}", v6.remote_vteps);
 }
 
 #[test]
@@ -320,14 +332,22 @@ fn an_unknown_oneof_member_is_ignored() {
 }
 
 #[tokio::test]
-async fn an_oversized_message_is_refused_with_a_clear_status() {
+async fn a_message_over_the_limit_ends_its_stream_with_resource_exhausted() {
     let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
-    let big = route(&"9".repeat(5 << 20), "");
-    stream.send(vec![message(&big, 1)]).await;
+    let big = ToDataplane {
+        sequence_number: 1,
+        payload: Some(Payload::RouteUpdate(RouteUpdate {
+            dst: "9".repeat(MAX_MESSAGE_BYTES),
+            ..Default::default()
+        })),
+    };
+    stream.send(vec![big]).await;
     let status = stream.failure().await;
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     assert!(
-        status.message().contains("message length too large"),
+        status.message().contains("message length too large")
+            && status.message().contains("up to 64 MiB"),
         "{status:?}"
     );
     // The daemon goes on serving the next calc process.
@@ -335,6 +355,64 @@ async fn an_oversized_message_is_refused_with_a_clear_status() {
     let mut next = Stream::open(&daemon).await;
     next.send(vec![message(NODE_B, 1)]).await;
     next.batch_covering(1).await;
+}
+
+/// Node B's VTEP (message 0), `middle` (1) and a route through node B (2).
+fn between_vtep_and_route(middle: Bytes) -> Vec<Bytes> {
+    vec![
+        encode(&message(NODE_B, 0)),
+        middle,
+        encode(&message(&route("10.244.1.0/26", ""), 2)),
+    ]
+}
+
+#[tokio::test]
+async fn a_large_message_of_a_kind_vxmgr_ignores_is_skipped_and_the_stream_goes_on() {
+    let daemon = Daemon::memory(&[]);
+    let mut stream = Stream::open(&daemon).await;
+    // Over the 4 MiB that gRPC allows by default, as a large cluster's
+    // IP set update is.
+    let ipset = felix::ipset_update(1, 20 << 20);
+    assert!(ipset.len() > 20 << 20);
+    stream.send_bytes(between_vtep_and_route(ipset)).await;
+    let statuses = stream.statuses_covering(3).await;
+    let ignored: u32 = statuses.iter().map(|s| s.ignored).sum();
+    assert_eq!(ignored, 1, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| s.rejected.is_empty()),
+        "{statuses:?}"
+    );
+    let last = statuses.last().unwrap();
+    assert_eq!(last.last_sequence, 2, "{statuses:?}");
+    let v4 = daemon.state().await.ipv4.unwrap();
+    assert_eq!(v4.tunnel_routes.len(), 1, "the route after it applies");
+}
+
+#[tokio::test]
+async fn a_message_that_does_not_decode_is_rejected_and_the_stream_goes_on() {
+    let daemon = Daemon::memory_batching_until_stream_end();
+    let mut stream = Stream::open(&daemon).await;
+    // A field of wire type 7, which does not exist.
+    let junk = Bytes::from_static(&[0x0f, 0x01]);
+    stream.send_bytes(between_vtep_and_route(junk)).await;
+    stream.close_send();
+    let status = stream.next_status().await;
+    assert_eq!(
+        covered(&status),
+        (0, 2, 3),
+        "numbered like the rest: {status:?}"
+    );
+    assert_eq!(status.rejected.len(), 1, "{status:?}");
+    let rejected = &status.rejected[0];
+    assert_eq!(rejected.sequence_number, 1);
+    assert!(
+        rejected
+            .reason
+            .contains("a message of 2 bytes does not decode as a ToDataplane"),
+        "{rejected:?}"
+    );
+    let v4 = daemon.state().await.ipv4.unwrap();
+    assert_eq!(v4.tunnel_routes.len(), 1, "the route after it applies");
 }
 
 /// Writes `junk` on a raw connection and reads until the daemon hangs up.
@@ -389,7 +467,7 @@ async fn a_client_that_stops_reading_loses_its_stream_not_the_daemon() {
     let bad = route(&"9".repeat(100), "");
     let flood = tokio::spawn(async move {
         for n in 2.. {
-            if tx.send(message(&bad, n)).await.is_err() {
+            if tx.send(encode(&message(&bad, n))).await.is_err() {
                 return;
             }
         }
@@ -423,15 +501,13 @@ async fn the_largest_sequence_number_is_reported_and_the_next_one_follows() {
     let mut stream = Stream::open(&daemon).await;
     stream.send(vec![message(NODE_B, u64::MAX)]).await;
     let status = stream.next_status().await;
-    assert_eq!(
-        (status.first_sequence, status.last_sequence),
-        (u64::MAX, u64::MAX)
-    );
-    // A message without a number after it still gets one.
+    assert_eq!(covered(&status), (u64::MAX, u64::MAX, 1));
+    // A message without a number after it gets the next one: numbers wrap.
     stream
         .send(vec![message(&route("10.244.1.0/26", ""), 0)])
         .await;
-    stream.batch_covering(u64::MAX).await;
+    let status = stream.next_status().await;
+    assert_eq!(covered(&status), (0, 0, 1));
     let state = daemon.state().await;
     assert_eq!(state.ipv4.unwrap().remote_vteps.len(), 1);
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use support::BackgroundReplay;
 use support::netns::{assert_census, can_run, generated_cluster, generated_world};
-use vxmgr::testbed::{Census, Cluster, Monitor};
+use support::testbed::{Census, Cluster, Monitor};
 
 const WAIT: Duration = Duration::from_secs(60);
 

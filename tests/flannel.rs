@@ -9,9 +9,9 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use support::flannel::{block_on, can_run, cluster};
+use support::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
+use support::testbed::{self, FlannelCluster, Monitor, census};
 use vxmgr::model::Family;
-use vxmgr::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
-use vxmgr::testbed::{self, FlannelCluster, Monitor, census};
 
 const WAIT: Duration = Duration::from_secs(30);
 const ENDPOINT: &str = "http://192.168.10.254:2379";

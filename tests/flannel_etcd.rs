@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use support::Daemon;
 use support::flannel::{CALC_FLANNEL, block_on, etcd_available, etcd_required};
-use vxmgr::testbed::etcd::{EtcdServer, EtcdTls};
+use support::testbed::etcd::{EtcdServer, EtcdTls};
 
 const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "host-gw"}}"#;
 const WAIT: Duration = Duration::from_secs(30);

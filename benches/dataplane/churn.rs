@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Result, ensure};
 
-use vxmgr::testbed::churn::{leave, split, vtep_changes};
+use crate::testbed::churn::{leave, split, vtep_changes};
 
 use crate::Bench;
 use crate::cluster::LOCAL_NODE;

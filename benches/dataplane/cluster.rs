@@ -8,7 +8,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use tempfile::TempDir;
 
-use vxmgr::testbed::churn::generate;
+use crate::testbed::churn::generate;
 use vxmgr::wire::felix::{
     RouteType, ToDataplane, VxlanTunnelEndpointUpdate, to_dataplane::Payload,
 };

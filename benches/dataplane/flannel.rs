@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, ensure};
 use futures::StreamExt;
 
-use vxmgr::testbed::etcd::{self, EtcdClient};
-use vxmgr::testbed::flannel::PREFIX;
-use vxmgr::testbed::{Binaries, FlannelCluster, Monitor, sh};
+use crate::testbed::etcd::{self, EtcdClient};
+use crate::testbed::flannel::PREFIX;
+use crate::testbed::{Binaries, FlannelCluster, Monitor, sh};
 
 use crate::Bench;
 use crate::cluster::CALC_STUB;
@@ -187,7 +187,7 @@ fn monitors(c: &FlannelCluster) -> Result<Vec<Monitor>> {
         .nodes
         .iter()
         .map(|n| Monitor::start(&n.ns, &[]))
-        .collect::<vxmgr::testbed::Result<_>>()?)
+        .collect::<crate::testbed::Result<_>>()?)
 }
 
 fn added(line: &str) -> bool {
@@ -223,16 +223,16 @@ async fn each<F>(
     write: impl Fn(EtcdClient, String, String) -> F,
 ) -> Result<()>
 where
-    F: Future<Output = vxmgr::testbed::Result<()>>,
+    F: Future<Output = crate::testbed::Result<()>>,
 {
-    let results: Vec<vxmgr::testbed::Result<()>> = futures::stream::iter(pairs)
+    let results: Vec<crate::testbed::Result<()>> = futures::stream::iter(pairs)
         .map(|(k, v)| write(client.clone(), k.clone(), v.clone()))
         .buffer_unordered(IN_FLIGHT)
         .collect()
         .await;
     results
         .into_iter()
-        .collect::<vxmgr::testbed::Result<()>>()?;
+        .collect::<crate::testbed::Result<()>>()?;
     Ok(())
 }
 
@@ -312,7 +312,7 @@ fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figu
 /// Every node's kernel has a route to each of the `n` leases.
 fn check_all(c: &FlannelCluster, n: u32) -> Result<()> {
     for node in &c.cluster.nodes {
-        let routes = vxmgr::testbed::census::routes(&node.ns, vxmgr::model::Family::V4)?;
+        let routes = crate::testbed::census::routes(&node.ns, vxmgr::model::Family::V4)?;
         let missing = (0..n)
             .filter(|i| {
                 !routes

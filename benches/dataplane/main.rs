@@ -21,6 +21,11 @@ mod resync;
 mod rss;
 mod soak;
 mod stream;
+// The namespace testbed, from calc-stub's sources (its demo runs on it); the
+// benches use its churn and census.
+#[path = "../../calc-stub/testbed/mod.rs"]
+#[allow(dead_code, unused_imports)]
+mod testbed;
 
 use std::process::ExitCode;
 use std::time::Instant;

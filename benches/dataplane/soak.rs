@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 
-use vxmgr::testbed::{Census, Churn};
+use crate::testbed::{Census, Churn};
 
 use crate::Bench;
 use crate::cluster::LOCAL_NODE;
@@ -28,7 +28,7 @@ pub fn run(bench: &Bench) -> Result<()> {
     let netns = Netns::with_underlay()?;
     let daemon = Vxmgrd::netlink(&netns, &["--batch-interval", "1ms"])?;
     let mut columns = vec!["elapsed s", "operations", "not OK", "RSS MiB"];
-    columns.extend(vxmgr::testbed::census::KINDS);
+    columns.extend(crate::testbed::census::KINDS);
     let mut table = Table::new(
         format!(
             "soak: {nodes} nodes, {JOINERS} nodes joining, moving their VTEP back and forth and leaving, for {} s (netlink)",

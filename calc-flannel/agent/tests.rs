@@ -49,10 +49,11 @@ impl Rig {
             checksum_offload_broken: ChecksumOffloadBroken::False,
             flags: SettingsLayer::default(),
             record: None,
+            http_listen: None,
         };
         let (stop, stopped) = oneshot::channel::<()>();
         let daemon = tokio::spawn(async move {
-            vxmgr::daemon::run(options, async {
+            vxmgr::daemon::run(options, None, async {
                 let _ = stopped.await;
             })
             .await

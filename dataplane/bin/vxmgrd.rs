@@ -1,7 +1,9 @@
 //! vxmgrd: the VXLAN dataplane daemon.
 
 use std::io::IsTerminal;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -10,16 +12,22 @@ use ipnetwork::IpNetwork;
 use tokio::signal::unix::{SignalKind, signal};
 use tracing_subscriber::EnvFilter;
 
+use vxmgr::calc_source::felix_pipes::FelixPipes;
 use vxmgr::config::{self, SettingsLayer};
 use vxmgr::daemon::{self, ChecksumOffloadBroken, DaemonOptions, KernelKind};
 use vxmgr::reconciler::NexthopMode;
 
 /// Programs the kernel's VXLAN dataplane (device, ARP/FDB, routes,
 /// blackholes, allowed-sources ipset) from a Felix-compatible calc stream
-/// received over gRPC on a unix socket.
+/// received over gRPC on a unix socket, or from Felix itself as its
+/// external dataplane driver.
 #[derive(Parser, Debug)]
 #[command(name = "vxmgrd", version)]
 struct Cli {
+    /// Where the calc stream comes from: Sync on the socket, or Felix's
+    /// pipes (fds 3 and 4) when Felix runs vxmgrd as its dataplane driver.
+    #[arg(long, env = "VXMGR_CALC_SOURCE", value_enum, default_value_t = CalcSource::Socket)]
+    calc_source: CalcSource,
     /// Unix socket to serve on (its directory is created; mode 0600).
     #[arg(
         long,
@@ -71,7 +79,9 @@ struct Cli {
     /// IPv6 device MTU; 0: parent interface MTU − 70 [default: 0, or the calc's VXLANMTUV6].
     #[arg(long, env = "VXMGR_VXLAN_MTU_V6", value_parser = |v: &str| config::parse_mtu_v6(v).map(Setting))]
     vxlan_mtu_v6: Option<Setting<u32>>,
-    /// Protocol number of vxmgr's routes [default: 80, or the calc's DeviceRouteProtocol].
+    /// Protocol number of vxmgr's routes and nexthops, 5-255 (0-4 are the
+    /// kernel's and administrators') [default: 80, or the calc's
+    /// DeviceRouteProtocol, where Felix's 3 means 80].
     #[arg(long, env = "VXMGR_ROUTE_PROTOCOL", value_parser = config::parse_protocol)]
     route_protocol: Option<u8>,
     /// CIDR of hosts outside the cluster allowed to send VXLAN traffic;
@@ -95,9 +105,22 @@ struct Cli {
     /// not reading (for tests).
     #[arg(long, hide = true, default_value_t = vxmgr::server::RESPONSE_BUFFER, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 20))]
     response_buffer: usize,
+    /// Serve Prometheus metrics (/metrics) and health probes (/livez,
+    /// /readyz, and Felix's /liveness, /readiness) over HTTP on ADDR:PORT
+    /// [default: no HTTP listener].
+    #[arg(long, env = "VXMGR_HTTP_LISTEN", value_name = "ADDR:PORT")]
+    http_listen: Option<SocketAddr>,
     /// Log filter (tracing EnvFilter syntax), e.g. "info" or "vxmgr=debug".
     #[arg(long, env = "VXMGR_LOG", default_value = "info")]
     log: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum CalcSource {
+    /// `Sync` on the socket.
+    Socket,
+    /// Felix's external dataplane driver pipes: fd 3 in, fd 4 out.
+    FelixPipes,
 }
 
 /// Up to a day: back-off times stay within what the clock can add.
@@ -153,13 +176,36 @@ impl Cli {
                 ..SettingsLayer::default()
             },
             record: self.record,
+            http_listen: self.http_listen,
         })
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+/// Errors end the daemon with one line on stderr, whatever RUST_BACKTRACE
+/// says: they are about the setup, not the code.
+fn main() -> ExitCode {
+    match start(Cli::parse()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("vxmgrd: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn start(cli: Cli) -> anyhow::Result<()> {
+    // Before the runtime opens its own files, which would take fds 3 and 4
+    // when Felix did not pass them.
+    let felix = match cli.calc_source {
+        CalcSource::FelixPipes => Some(FelixPipes::take()?),
+        CalcSource::Socket => None,
+    };
+    tokio::runtime::Runtime::new()
+        .context("starting the runtime")?
+        .block_on(run(cli, felix))
+}
+
+async fn run(cli: Cli, felix: Option<FelixPipes>) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_new(&cli.log).context("parsing --log")?)
         .with_writer(std::io::stderr)
@@ -179,6 +225,6 @@ async fn main() -> anyhow::Result<()> {
             _ = int.recv() => {}
         }
     };
-    daemon::run(options, shutdown).await?;
+    daemon::run(options, felix, shutdown).await?;
     Ok(())
 }

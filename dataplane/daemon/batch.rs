@@ -3,11 +3,33 @@
 
 use std::time::Duration;
 
+use crate::calc_source::responses::Responder;
 use crate::reconciler::Report;
-use crate::server::responses::Responder;
 use crate::wire::vxmgr::v1::{
     BatchResult, BatchStatus, KernelError, ObjectCounts, RejectedMessage,
 };
+
+/// Numbers a stream's messages. A message's number is the one it was sent
+/// with, except that a message sent without one (0, which proto3 cannot
+/// tell from unset) after the first takes the number after its
+/// predecessor's. Felix numbers from 0, so its numbers are kept as sent,
+/// and a stream that numbers nothing is numbered 0, 1, 2, … by position.
+#[derive(Debug, Default)]
+pub struct Numbering {
+    last: Option<u64>,
+}
+
+impl Numbering {
+    pub fn number(&mut self, sent: u64) -> u64 {
+        let number = match self.last {
+            // Numbers are the client's: the largest is followed by 0.
+            Some(last) if sent == 0 => last.wrapping_add(1),
+            _ => sent,
+        };
+        self.last = Some(number);
+        number
+    }
+}
 
 /// The messages of a batch, as they are taken in.
 #[derive(Debug)]
@@ -32,6 +54,11 @@ impl Batch {
             rejected: Vec::new(),
             ignored: 0,
         }
+    }
+
+    /// Whether message `sequence` continues this batch's run of numbers.
+    pub fn follows(&self, sequence: u64) -> bool {
+        self.count == 0 || sequence == self.last_sequence.wrapping_add(1)
     }
 
     pub fn add(&mut self, sequence: u64) {
@@ -177,6 +204,34 @@ mod tests {
         for (what, b, r, want) in cases {
             assert_eq!(result(&b, &r), want, "{what}");
         }
+    }
+
+    #[test]
+    fn numbers_are_kept_as_sent_and_missing_ones_follow_their_predecessor() {
+        let cases: [(&str, &[u64], &[u64]); 5] = [
+            ("Felix, from 0", &[0, 1, 2], &[0, 1, 2]),
+            ("nothing numbered", &[0, 0, 0], &[0, 1, 2]),
+            ("numbered from 1", &[1, 2, 3], &[1, 2, 3]),
+            ("numbered, then not", &[5, 0, 0], &[5, 6, 7]),
+            ("the largest, then none", &[u64::MAX, 0], &[u64::MAX, 0]),
+        ];
+        for (what, sent, want) in cases {
+            let mut numbering = Numbering::default();
+            let got: Vec<u64> = sent.iter().map(|&n| numbering.number(n)).collect();
+            assert_eq!(got, want, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_batch_is_a_run_of_consecutive_numbers() {
+        let mut b = Batch::new(1, None);
+        assert!(b.follows(7), "an empty batch takes any number");
+        b.add(7);
+        assert!(b.follows(8));
+        assert!(!b.follows(7) && !b.follows(9) && !b.follows(0));
+        let mut last = Batch::new(1, None);
+        last.add(u64::MAX);
+        assert!(last.follows(0), "numbers wrap");
     }
 
     #[test]

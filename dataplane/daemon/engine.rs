@@ -4,8 +4,7 @@
 //! DataplaneInSync back to the stream. It also answers GetState, so reads
 //! never wait for the kernel.
 
-use std::fs::File;
-use std::io::BufWriter;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use tokio::sync::{mpsc, oneshot};
@@ -14,56 +13,33 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 use tracing::{debug, info, warn};
 
-use super::batch::Batch;
+use super::batch::{Batch, Numbering};
 use super::kernel_task::{KernelCommand, KernelEvent, ObjectHealth};
+use crate::calc_source::responses::Responder;
+use crate::calc_source::{EngineInput, Incoming};
 use crate::manager::{Manager, Outcome};
+use crate::metrics::{MessageCounts, MessageOutcome, Metrics};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
-use crate::server::responses::Responder;
+use crate::server::StateQuery;
 use crate::server::state::dataplane_state;
-use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate, ToDataplane};
-use crate::wire::replay::ReplayWriter;
+use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate};
 use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 
 /// The gRPC service name whose health follows the dataplane.
 pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
 
-pub enum EngineInput {
-    StreamStarted {
-        id: u64,
-        peer: String,
-        responder: Responder,
-    },
-    /// Messages of a stream, in order.
-    Messages {
-        id: u64,
-        messages: Vec<ToDataplane>,
-    },
-    StreamEnded {
-        id: u64,
-    },
-    /// The daemon is stopping.
-    Shutdown,
-}
-
-/// A GetState request. Queries come on a channel of their own, so that they
-/// are answered even while the task waits for the kernel.
-pub type StateQuery = oneshot::Sender<DataplaneState>;
-
 pub struct EngineOptions {
     pub batch_interval: Duration,
     pub heartbeat_interval: Duration,
-    /// Where every received message is recorded.
-    pub record: Option<Recorder>,
+    pub metrics: Arc<Metrics>,
 }
-
-pub type Recorder = ReplayWriter<BufWriter<File>>;
 
 /// The active stream.
 struct Stream {
     id: u64,
     responder: Option<Responder>,
-    next_sequence: u64,
+    numbering: Numbering,
 }
 
 struct Engine {
@@ -88,7 +64,8 @@ struct Engine {
     /// The latest stream was told DataplaneInSync (or it would have been,
     /// had it still been open).
     dataplane_in_sync_sent: bool,
-    recorder: Option<Recorder>,
+    /// Messages of the open batch, by type and outcome.
+    message_counts: MessageCounts,
     started: Instant,
     options: EngineOptions,
     queries: mpsc::Receiver<StateQuery>,
@@ -96,7 +73,7 @@ struct Engine {
 
 pub async fn run(
     manager: Manager,
-    mut options: EngineOptions,
+    options: EngineOptions,
     mut inputs: mpsc::Receiver<EngineInput>,
     queries: mpsc::Receiver<StateQuery>,
     kernel: mpsc::Sender<KernelCommand>,
@@ -119,7 +96,7 @@ pub async fn run(
         objects: ObjectHealth::default(),
         in_sync_applied: false,
         dataplane_in_sync_sent: false,
-        recorder: options.record.take(),
+        message_counts: MessageCounts::default(),
         started: Instant::now(),
         options,
         queries,
@@ -176,14 +153,15 @@ impl Engine {
                 self.stream = Some(Stream {
                     id,
                     responder: Some(responder),
-                    next_sequence: 1,
+                    numbering: Numbering::default(),
                 });
                 self.in_sync_applied = false;
                 self.dataplane_in_sync_sent = false;
+                self.options.metrics.stream(true, false);
             }
             EngineInput::Messages { id, messages } => {
                 for msg in messages {
-                    self.on_message(id, msg);
+                    self.on_message(id, msg, events).await;
                 }
             }
             EngineInput::StreamEnded { id } => {
@@ -193,6 +171,7 @@ impl Engine {
                         "calc stream ended; kernel state stays as it is"
                     );
                     self.stream = None;
+                    self.options.metrics.stream(false, self.manager.in_sync());
                     self.close_batch_now();
                 }
             }
@@ -210,41 +189,60 @@ impl Engine {
         true
     }
 
-    fn on_message(&mut self, id: u64, msg: ToDataplane) {
+    async fn on_message(
+        &mut self,
+        id: u64,
+        incoming: Incoming,
+        events: &mut mpsc::Receiver<KernelEvent>,
+    ) {
         let Some(stream) = self.stream.as_mut().filter(|s| s.id == id) else {
             return;
         };
-        if let Some(recorder) = &mut self.recorder
-            && let Err(e) = recorder.write(&msg)
+        let sequence = stream.numbering.number(incoming.sent_sequence());
+        let responder = stream.responder.clone();
+        // A status covers a run of consecutive numbers: a message whose
+        // number does not follow on (a client that starts counting again)
+        // closes the batch before it.
+        if self
+            .open
+            .as_ref()
+            .is_some_and(|(b, _)| !b.follows(sequence))
         {
-            warn!(error = %e, "recording stopped");
-            self.recorder = None;
+            self.wait_for_kernel(events).await;
+            self.flush().await;
         }
-        let sequence = if msg.sequence_number == 0 {
-            stream.next_sequence
-        } else {
-            msg.sequence_number
-        };
-        // Sequence numbers come from the client: the last one must not overflow.
-        stream.next_sequence = sequence.saturating_add(1);
         let (batch, _) = self.open.get_or_insert_with(|| {
             (
-                Batch::new(id, stream.responder.clone()),
+                Batch::new(id, responder),
                 Instant::now() + self.options.batch_interval,
             )
         });
         batch.add(sequence);
-        match Update::from_message(msg).and_then(|u| match u {
+        let msg = match incoming {
+            Incoming::Message(msg) => msg,
+            Incoming::Refused { reason, .. } => {
+                warn!(sequence, %reason, "message refused");
+                batch.reject(sequence, reason);
+                return;
+            }
+        };
+        let kind = MessageCounts::kind_of(&msg);
+        let outcome = match Update::from_message(msg).and_then(|u| match u {
             Some(u) => self.manager.on_update(u),
             None => Ok(Outcome::Ignored),
         }) {
-            Ok(Outcome::Applied) => {}
-            Ok(Outcome::Ignored) => batch.ignored += 1,
+            Ok(Outcome::Applied) => MessageOutcome::Applied,
+            Ok(Outcome::Ignored) => {
+                batch.ignored += 1;
+                MessageOutcome::Ignored
+            }
             Err(rejection) => {
                 debug!(sequence, reason = %rejection, "message rejected");
                 batch.reject(sequence, rejection.0);
+                MessageOutcome::Rejected
             }
-        }
+        };
+        self.message_counts.add(kind, outcome);
     }
 
     /// Ends the batch window now (stream end, new stream).
@@ -292,12 +290,9 @@ impl Engine {
             route_protocol: settings.route_protocol,
             device_names: settings.device_names.clone(),
         };
-        if let Some(recorder) = &mut self.recorder
-            && let Err(e) = recorder.flush()
-        {
-            warn!(error = %e, "recording stopped");
-            self.recorder = None;
-        }
+        let metrics = &self.options.metrics;
+        metrics.messages(&mut self.message_counts);
+        metrics.stream(self.stream.is_some(), request.in_sync);
         self.apply_in_flight = true;
         let command = KernelCommand::Apply {
             request,
@@ -358,6 +353,7 @@ impl Engine {
                         apply_ms = apply_time.as_secs_f64() * 1e3,
                         "batch applied"
                     );
+                    self.options.metrics.batch_applied(&status, apply_time);
                     if let Some(responder) = &batch.responder {
                         responder.send(sync_response::Payload::BatchStatus(status.clone()));
                     }
@@ -372,6 +368,9 @@ impl Engine {
             self.manager.set_parent(family, parent);
             self.internal_dirty = true;
         }
+        self.options
+            .metrics
+            .object_health(objects.failing.len(), objects.contested.len());
         self.objects = objects;
         self.update_health(batch_responder.as_ref()).await;
     }
@@ -408,6 +407,7 @@ impl Engine {
             return;
         }
         self.serving = serving;
+        self.options.metrics.set_ready(serving);
         let status = if serving {
             ServingStatus::Serving
         } else {

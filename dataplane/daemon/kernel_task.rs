@@ -2,6 +2,7 @@
 //! re-checks the devices and runs the periodic resync.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -11,6 +12,8 @@ use tracing::{info, warn};
 use super::batch::Batch;
 use crate::desired::ParentInterface;
 use crate::kernel::KernelBackend;
+use crate::metrics::Metrics;
+use crate::metrics::http::CensusQuery;
 use crate::reconciler::{ApplyRequest, ObjectError, Reconciler, Report};
 
 pub enum KernelCommand {
@@ -49,6 +52,7 @@ pub enum KernelEvent {
 pub struct KernelTaskOptions {
     pub device_check_interval: Duration,
     pub refresh_interval: Option<Duration>,
+    pub metrics: Arc<Metrics>,
 }
 
 /// Runs until the command channel closes.
@@ -57,7 +61,9 @@ pub async fn run<B: KernelBackend>(
     options: KernelTaskOptions,
     mut commands: mpsc::Receiver<KernelCommand>,
     events: mpsc::Sender<KernelEvent>,
+    mut census: mpsc::Receiver<CensusQuery>,
 ) {
+    let metrics = options.metrics;
     let background = |reconciler: &Reconciler<B>, report: Report| KernelEvent::Background {
         objects: ObjectHealth::of(reconciler),
         report,
@@ -71,7 +77,7 @@ pub async fn run<B: KernelBackend>(
         }
     };
     // A failed resync is logged and retried by the reconciler.
-    if let Ok(report) = reconciler.resync().await {
+    if let Ok(report) = resync(&mut reconciler, &metrics, "startup").await {
         info!(
             added = report.added,
             changed = report.changed,
@@ -116,6 +122,9 @@ pub async fn run<B: KernelBackend>(
                     }
                 }
             },
+            Some(reply) = census.recv() => {
+                let _ = reply.send(reconciler.census());
+            }
             notification = recv(&mut notifications), if notifications.is_some() => {
                 let Some(notification) = notification else {
                     warn!("kernel notifications stopped: drift is repaired by the periodic resync only");
@@ -132,6 +141,7 @@ pub async fn run<B: KernelBackend>(
                     continue;
                 }
                 if let Ok(report) = reconciler.repair(now).await {
+                    metrics.repaired("notification", changes(&report));
                     if report.operations > 0 {
                         info!(added = report.added, changed = report.changed, removed = report.removed, "repaired changes made by others");
                     }
@@ -142,19 +152,22 @@ pub async fn run<B: KernelBackend>(
             }
             _ = sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {
                 let report = reconciler.retry(Instant::now()).await;
+                metrics.repaired("retry", changes(&report));
                 if events.send(background(&reconciler, report)).await.is_err() {
                     return;
                 }
             }
             _ = device_check.tick() => {
                 let report = reconciler.check_devices().await;
+                metrics.repaired("device_check", changes(&report));
                 if events.send(background(&reconciler, report)).await.is_err() {
                     return;
                 }
             }
             _ = sleep_until(next_refresh.unwrap_or_else(Instant::now).into()), if next_refresh.is_some() => {
                 next_refresh = refresh_interval.map(|d| Instant::now() + d);
-                if let Ok(report) = reconciler.resync().await {
+                if let Ok(report) = resync(&mut reconciler, &metrics, "periodic").await {
+                    metrics.repaired("resync", changes(&report));
                     if report.operations > 0 {
                         info!(added = report.added, changed = report.changed, removed = report.removed, "periodic resync repaired drift");
                     }
@@ -165,6 +178,22 @@ pub async fn run<B: KernelBackend>(
             }
         }
     }
+}
+
+/// A full resync, timed and counted.
+async fn resync<B: KernelBackend>(
+    reconciler: &mut Reconciler<B>,
+    metrics: &Metrics,
+    trigger: &'static str,
+) -> Result<Report, crate::kernel::KernelError> {
+    let started = Instant::now();
+    let result = reconciler.resync().await;
+    metrics.resync(trigger, result.is_ok(), started.elapsed());
+    result
+}
+
+fn changes(report: &Report) -> u32 {
+    report.added + report.changed + report.removed
 }
 
 async fn recv<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {

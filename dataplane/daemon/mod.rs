@@ -2,29 +2,38 @@
 //! task together, and stops them cleanly.
 
 pub mod batch;
+pub mod capabilities;
 pub mod engine;
 pub mod kernel_task;
 #[cfg(test)]
 mod tests;
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
+use crate::calc_source::EngineInput;
+use crate::calc_source::felix_pipes::{FelixPipes, PipeError};
+use crate::calc_source::recorder::Recorder;
 use crate::config::{Config, SettingsLayer};
 use crate::kernel::KernelBackend;
 use crate::kernel::memory::MemoryBackend;
 use crate::kernel::netlink::NetlinkBackend;
 use crate::manager::Manager;
+use crate::metrics::Metrics;
+use crate::metrics::backend::MeteredBackend;
+use crate::metrics::http::{self as metrics_http, CensusQuery};
 use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
+use crate::server::StateQuery;
 use crate::server::{self, DataplaneService, socket::SocketError};
-use crate::wire::replay::ReplayWriter;
-use engine::{EngineInput, EngineOptions};
+use engine::EngineOptions;
 use kernel_task::KernelTaskOptions;
 
 /// How long open streams get to finish when the daemon stops.
@@ -66,6 +75,8 @@ pub struct DaemonOptions {
     /// Settings given on the command line: they beat ConfigUpdate.
     pub flags: SettingsLayer,
     pub record: Option<PathBuf>,
+    /// Where to serve metrics and health over HTTP, if anywhere.
+    pub http_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,26 +90,38 @@ pub enum DaemonError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    NoNetAdmin(#[from] capabilities::MissingNetAdmin),
     #[error("the {0} kernel backend is not available: {1}")]
     Backend(&'static str, String),
     #[error("starting the kernel task: {0}")]
     Runtime(std::io::Error),
+    #[error("listening for HTTP on {address}: {source}")]
+    HttpListen {
+        address: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    FelixPipes(#[from] PipeError),
 }
 
-/// Runs the daemon until `shutdown` completes.
+/// Runs the daemon until `shutdown` completes, or, when `felix` gives
+/// Felix's pipes as the calc source, until Felix closes them.
 pub async fn run(
     options: DaemonOptions,
+    felix: Option<FelixPipes>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
     match options.kernel {
         KernelKind::Memory => {
             let open = || Ok(MemoryBackend::with_underlay("eth0", 1500));
-            run_with_backend(open, options, shutdown).await
+            run_with_backend(open, options, felix, shutdown).await
         }
         KernelKind::Netlink => {
+            capabilities::require_net_admin()?;
             let open =
                 || NetlinkBackend::new().map_err(|e| DaemonError::Backend("netlink", e.message));
-            run_with_backend(open, options, shutdown).await
+            run_with_backend(open, options, felix, shutdown).await
         }
     }
 }
@@ -107,27 +130,52 @@ pub async fn run(
 pub async fn run_with_backend<B: KernelBackend>(
     open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
     options: DaemonOptions,
+    felix: Option<FelixPipes>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), DaemonError> {
-    let record = match &options.record {
-        Some(path) => Some(
-            ReplayWriter::create(path).map_err(|source| DaemonError::Record {
-                path: path.clone(),
-                source,
-            })?,
+    let recorder = match &options.record {
+        Some(path) => Recorder::create(path).map_err(|source| DaemonError::Record {
+            path: path.clone(),
+            source,
+        })?,
+        None => Recorder::default(),
+    };
+    let http_listener = match options.http_listen {
+        Some(address) => Some(
+            tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|source| DaemonError::HttpListen { address, source })?,
         ),
         None => None,
     };
     let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
-    info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, "vxmgrd starting");
+    let calc_source = if felix.is_some() {
+        "felix-pipes"
+    } else {
+        "socket"
+    };
+    info!(socket = %options.socket.display(), hostname = %options.hostname, kernel = ?options.kernel, calc_source, "vxmgrd starting");
+    let metrics = Arc::new(Metrics::new());
+    let (census_tx, census_rx) = mpsc::channel(4);
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
-    let tasks = match Tasks::start(open, &options, record, health_reporter).await {
+    let started = Tasks::start(open, &options, health_reporter, metrics.clone(), census_rx).await;
+    let tasks = match started {
         Ok(tasks) => tasks,
         Err(e) => {
             let _ = std::fs::remove_file(&options.socket);
             return Err(e);
         }
     };
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    if let Some(http_listener) = http_listener {
+        let endpoints = metrics_http::Endpoints {
+            metrics,
+            census: census_tx,
+        };
+        tokio::spawn(metrics_http::serve(http_listener, endpoints, async {
+            let _ = http_stopped.await;
+        }));
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = server::serve(
@@ -137,25 +185,52 @@ pub async fn run_with_backend<B: KernelBackend>(
             tasks.engine.clone(),
             tasks.queries.clone(),
             options.response_buffer,
+            recorder.clone(),
+            felix.is_some().then(|| {
+                "the calc stream comes from Felix's pipes (vxmgrd runs as Felix's dataplane \
+                 driver, calc source felix-pipes): Sync on the socket is refused"
+                    .to_string()
+            }),
         ),
         health_service,
         async {
             let _ = stop_rx.await;
         },
     );
+    let felix_stream = async {
+        match felix {
+            Some(pipes) => {
+                pipes
+                    .run(tasks.engine.clone(), recorder, options.response_buffer)
+                    .await
+            }
+            None => std::future::pending().await,
+        }
+    };
     let mut served = Ok(());
+    let mut felix_ended = Ok(());
     tokio::select! {
         result = server => served = result,
         () = shutdown => {
             info!("stopping: the kernel is left as it is");
             let _ = stop_tx.send(());
         }
+        ended = felix_stream => {
+            match &ended {
+                Ok(()) => info!("Felix closed the calc stream: stopping, the kernel is left as it is"),
+                Err(e) => error!(error = %e, "stopping: the kernel is left as it is"),
+            }
+            felix_ended = ended;
+            let _ = stop_tx.send(());
+        }
     }
+    let _ = http_stop.send(());
     tasks.stop().await;
     if let Err(e) = std::fs::remove_file(&options.socket) {
         warn!(error = %e, socket = %options.socket.display(), "could not remove the socket");
     }
     served?;
+    felix_ended?;
     Ok(())
 }
 
@@ -163,7 +238,7 @@ pub async fn run_with_backend<B: KernelBackend>(
 /// through `engine` and `queries`.
 struct Tasks {
     engine: mpsc::Sender<EngineInput>,
-    queries: mpsc::Sender<engine::StateQuery>,
+    queries: mpsc::Sender<StateQuery>,
     engine_task: tokio::task::JoinHandle<()>,
     kernel_thread: std::thread::JoinHandle<()>,
 }
@@ -178,8 +253,9 @@ impl Tasks {
     async fn start<B: KernelBackend>(
         open: impl FnOnce() -> Result<B, DaemonError> + Send + 'static,
         options: &DaemonOptions,
-        record: Option<engine::Recorder>,
         health: HealthReporter,
+        metrics: Arc<Metrics>,
+        census: mpsc::Receiver<CensusQuery>,
     ) -> Result<Tasks, DaemonError> {
         // Known before the first Health/Check can arrive: NOT_SERVING, not NOT_FOUND.
         health
@@ -203,7 +279,9 @@ impl Tasks {
         let task_options = KernelTaskOptions {
             device_check_interval: options.device_check_interval,
             refresh_interval: settings.route_refresh_interval,
+            metrics: metrics.clone(),
         };
+        let backend_metrics = metrics.clone();
         let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
         let kernel_thread = std::thread::Builder::new()
             .name("vxmgr-kernel".into())
@@ -220,7 +298,7 @@ impl Tasks {
                 };
                 runtime.block_on(async move {
                     let backend = match open() {
-                        Ok(backend) => backend,
+                        Ok(backend) => MeteredBackend::new(backend, backend_metrics),
                         Err(e) => {
                             let _ = opened_tx.send(Err(e));
                             return;
@@ -228,7 +306,7 @@ impl Tasks {
                     };
                     let _ = opened_tx.send(Ok(()));
                     let reconciler = Reconciler::new(backend, reconciler_options).await;
-                    kernel_task::run(reconciler, task_options, kernel_rx, events_tx).await;
+                    kernel_task::run(reconciler, task_options, kernel_rx, events_tx, census).await;
                 });
             })
             .map_err(DaemonError::Runtime)?;
@@ -241,7 +319,7 @@ impl Tasks {
             EngineOptions {
                 batch_interval: options.batch_interval,
                 heartbeat_interval: options.heartbeat_interval,
-                record,
+                metrics,
             },
             engine_rx,
             queries_rx,

@@ -13,9 +13,10 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
 use super::*;
+use crate::calc_source::Incoming;
+use crate::calc_source::responses::{self, Responses};
 use crate::kernel::objects::KernelOp;
 use crate::reconciler::tests::{CLUSTER, IN_SYNC};
-use crate::server::responses::{self, Responses};
 use crate::wire::json;
 use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response::Payload};
 
@@ -36,6 +37,7 @@ fn options() -> DaemonOptions {
         checksum_offload_broken: ChecksumOffloadBroken::False,
         flags: SettingsLayer::default(),
         record: None,
+        http_listen: None,
     }
 }
 
@@ -56,7 +58,10 @@ impl Rig {
         let reporter = HealthReporter::new();
         let health = HealthService::from_health_reporter(reporter.clone());
         let backend = kernel.clone();
-        let tasks = Tasks::start(move || Ok(backend), &options(), None, reporter)
+        let metrics = Arc::new(Metrics::new());
+        // No census is asked for: its sender goes at once.
+        let (_, census) = mpsc::channel(1);
+        let tasks = Tasks::start(move || Ok(backend), &options(), reporter, metrics, census)
             .await
             .expect("memory kernel");
         let (responder, responses) = responses::channel(STREAM, 64);
@@ -87,7 +92,7 @@ impl Rig {
                     json::from_str(line).expect("test JSON");
                 self.sent += 1;
                 msg.sequence_number = self.sent;
-                msg
+                Incoming::Message(msg)
             })
             .collect();
         let input = EngineInput::Messages {
@@ -186,7 +191,7 @@ async fn health_is_not_serving_exactly_while_an_object_fails() {
 
     let bad = "10.244.1.64/26".parse().unwrap();
     rig.kernel.inject_fault(
-        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == bad),
+        move |op| matches!(op, KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) if r.dst == bad),
         libc::EBUSY,
     );
     let failing = rig.send(&[FAILING_ROUTE]).await;

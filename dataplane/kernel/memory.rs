@@ -12,8 +12,8 @@ use ipnetwork::IpNetwork;
 use tokio::sync::{mpsc, watch};
 
 use super::objects::{
-    IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
-    KernelState, Link, Notification, Ownership, VxlanAttrs,
+    DumpedNexthop, IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute,
+    KernelRouteVia, KernelState, Link, Notification, Ownership, TableRoute, VxlanAttrs,
 };
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
@@ -127,8 +127,10 @@ impl MemoryBackend {
         let mut k = self.lock();
         k.apply_one(&op)?;
         let notification = match op {
-            KernelOp::ReplaceRoute(r) => Notification::Route(r),
-            KernelOp::DeleteRoute(r) => Notification::RouteGone(r),
+            KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) => {
+                Notification::Route(TableRoute::Shaped(r))
+            }
+            KernelOp::DeleteRoute(r) => Notification::RouteGone(TableRoute::Shaped(r)),
             KernelOp::ReplaceNeighbor(n) => Notification::Neighbor(n),
             KernelOp::DeleteNeighbor(n) => Notification::NeighborGone {
                 ifindex: n.ifindex,
@@ -146,6 +148,7 @@ impl MemoryBackend {
             | KernelOp::AddAddress { .. }
             | KernelOp::DeleteAddress { .. } => Notification::Links,
             KernelOp::DisableTxChecksum { .. }
+            | KernelOp::AddNexthop(_)
             | KernelOp::ReplaceNexthop(_)
             | KernelOp::DeleteNexthop(_)
             | KernelOp::Ipset { .. } => return Ok(()),
@@ -351,6 +354,13 @@ impl MemoryKernel {
                     .ok_or(KernelError::from_errno(libc::ENODEV))?;
                 self.link_mut(index)?.tx_checksum = Some(false);
             }
+            KernelOp::AddNexthop(n) => {
+                if self.nexthops.contains_key(&n.id) {
+                    return Err(KernelError::from_errno(libc::EEXIST));
+                }
+                self.require_up(n.ifindex)?;
+                self.nexthops.insert(n.id, *n);
+            }
             KernelOp::ReplaceNexthop(n) => {
                 self.require_up(n.ifindex)?;
                 self.nexthops.insert(n.id, *n);
@@ -362,7 +372,10 @@ impl MemoryKernel {
                 self.routes
                     .retain(|_, r| r.via != KernelRouteVia::Nexthop(n.id));
             }
-            KernelOp::ReplaceRoute(r) => {
+            KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) => {
+                if matches!(op, KernelOp::AddRoute(_)) && self.routes.contains_key(&r.dst) {
+                    return Err(KernelError::from_errno(libc::EEXIST));
+                }
                 match r.via {
                     KernelRouteVia::Nexthop(id) if !self.nexthops.contains_key(&id) => {
                         return Err(KernelError::from_errno(libc::EINVAL));
@@ -423,40 +436,33 @@ impl MemoryKernel {
             .cloned()
             .collect();
         let ours = |index: u32| devices.iter().any(|d| d.index == index);
+        let neighbors = self
+            .neighbors
+            .values()
+            .filter(|n| ours(n.ifindex))
+            .copied()
+            .collect();
+        let fdb = self
+            .fdb
+            .values()
+            .filter(|e| ours(e.ifindex))
+            .copied()
+            .collect();
+        let ipsets = ownership
+            .ipsets
+            .iter()
+            .filter_map(|(name, _)| {
+                let set = self.ipsets.get(name)?;
+                Some((name.clone(), set.iter().copied().collect()))
+            })
+            .collect();
+        let routes = self.routes.values().map(|r| TableRoute::Shaped(*r));
+        let nexthops = self.nexthops.values().map(|n| DumpedNexthop::Single(*n));
         KernelState {
-            routes: self
-                .routes
-                .values()
-                .filter(|r| r.protocol == ownership.protocol || r.ifindex().is_some_and(ours))
-                .copied()
-                .collect(),
-            nexthops: self
-                .nexthops
-                .values()
-                .filter(|n| n.protocol == ownership.protocol)
-                .copied()
-                .collect(),
-            neighbors: self
-                .neighbors
-                .values()
-                .filter(|n| ours(n.ifindex))
-                .copied()
-                .collect(),
-            fdb: self
-                .fdb
-                .values()
-                .filter(|e| ours(e.ifindex))
-                .copied()
-                .collect(),
-            ipsets: ownership
-                .ipsets
-                .iter()
-                .filter_map(|(name, _)| {
-                    let set = self.ipsets.get(name)?;
-                    Some((name.clone(), set.iter().copied().collect()))
-                })
-                .collect(),
-            devices,
+            neighbors,
+            fdb,
+            ipsets,
+            ..ownership.sort_out(devices, routes.collect(), nexthops.collect())
         }
     }
 }
@@ -468,6 +474,14 @@ impl KernelBackend for MemoryBackend {
             Some(errno) => Err(KernelError::from_errno(errno)),
             None => Ok(k.owned_state(ownership)),
         }
+    }
+
+    async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {
+        let k = self.lock();
+        Ok(k.links
+            .values()
+            .flat_map(|l| l.addresses.iter().map(|a| (l.index, a.ip())))
+            .collect())
     }
 
     async fn links(&mut self, names: &[String]) -> Result<Vec<Link>, KernelError> {

@@ -52,6 +52,11 @@ pub trait KernelBackend: Send + 'static {
         ownership: &Ownership,
     ) -> impl Future<Output = Result<KernelState, KernelError>> + Send;
 
+    /// Every interface's addresses, by interface index: vxmgr's routes
+    /// must never cover the host's own.
+    fn addresses(&mut self)
+    -> impl Future<Output = Result<Vec<(u32, IpAddr)>, KernelError>> + Send;
+
     /// The links with these names that exist.
     fn links(
         &mut self,

@@ -82,6 +82,81 @@ impl KernelRoute {
     }
 }
 
+/// The metric the kernel gives a route added without one: vxmgr's routes
+/// all have it.
+pub fn default_metric(dst: &IpNetwork) -> u32 {
+    match dst {
+        IpNetwork::V4(_) => 0,
+        IpNetwork::V6(_) => 1024,
+    }
+}
+
+/// A main-table route that is not vxmgr's: the host's own (its default and
+/// static routes, the kernel's connected routes) or another agent's.
+/// vxmgr never changes one, and keeps its own routes out of their way.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct ForeignRoute {
+    pub dst: IpNetwork,
+    pub protocol: u8,
+    pub metric: u32,
+    /// What the route does, as `ip route` shows it ("via 172.0.0.1 dev #2",
+    /// "blackhole", "nhid 7", "unreachable").
+    pub target: String,
+    /// Where it sends traffic through another host: the node's gateways.
+    pub gateways: Vec<IpAddr>,
+    /// The interface it names, if it names one.
+    pub ifindex: Option<u32>,
+}
+
+impl ForeignRoute {
+    /// A route of one of vxmgr's shapes that is not vxmgr's.
+    pub fn of_shape(route: &KernelRoute) -> ForeignRoute {
+        let (gateways, target) = match route.via {
+            KernelRouteVia::Gateway { gateway, ifindex } => (
+                vec![gateway],
+                format!("via {gateway} dev #{ifindex} onlink"),
+            ),
+            KernelRouteVia::Nexthop(id) => (Vec::new(), format!("nhid {id}")),
+            KernelRouteVia::Link(ifindex) => (Vec::new(), format!("dev #{ifindex}")),
+            KernelRouteVia::Blackhole => (Vec::new(), "blackhole".to_string()),
+        };
+        ForeignRoute {
+            dst: route.dst,
+            protocol: route.protocol,
+            metric: default_metric(&route.dst),
+            target,
+            gateways,
+            ifindex: route.ifindex(),
+        }
+    }
+
+    /// Whether it holds the place in the kernel that a route of vxmgr's to
+    /// the same destination would take (same destination and metric).
+    pub fn takes_the_place_of_ours(&self) -> bool {
+        self.metric == default_metric(&self.dst)
+    }
+}
+
+impl fmt::Display for ForeignRoute {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "route {} {} proto {} metric {}",
+            self.dst, self.target, self.protocol, self.metric
+        )
+    }
+}
+
+/// A main-table route as a dump or a notification gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TableRoute {
+    /// One of the shapes vxmgr programs (with the default metric and, via a
+    /// gateway, onlink): vxmgr's if `Ownership::owns_route` says so.
+    Shaped(KernelRoute),
+    /// Any other route: never vxmgr's.
+    Other(ForeignRoute),
+}
+
 /// A nexthop object: `id <id> via <gateway> dev <ifindex> onlink proto <protocol>`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelNexthop {
@@ -148,8 +223,14 @@ pub enum KernelOp {
     DisableTxChecksum {
         name: String,
     },
+    /// Creates a nexthop; the kernel refuses if the id is taken.
+    AddNexthop(KernelNexthop),
+    /// Replaces one of vxmgr's nexthops.
     ReplaceNexthop(KernelNexthop),
     DeleteNexthop(KernelNexthop),
+    /// Creates a route; the kernel refuses if another route holds its place.
+    AddRoute(KernelRoute),
+    /// Replaces one of vxmgr's routes.
     ReplaceRoute(KernelRoute),
     DeleteRoute(KernelRoute),
     ReplaceNeighbor(KernelNeighbor),
@@ -164,15 +245,24 @@ pub enum KernelOp {
 }
 
 /// What identifies vxmgr's objects in the kernel (DESIGN.md §4, ownership).
+/// An object is vxmgr's only when its protocol (where it has one) and its
+/// shape are both vxmgr's.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ownership {
-    /// Routes and nexthops with this protocol are ours.
+    /// Routes and nexthops of vxmgr's shapes with this protocol are ours;
+    /// never one of the reserved protocols 0-4 (see `config`).
     pub protocol: u8,
     /// Routes through these devices, and permanent neighbour and FDB
     /// entries on them, are ours.
     pub devices: Vec<String>,
-    /// ipsets vxmgr maintains.
+    /// ipsets vxmgr maintains, by exact name.
     pub ipsets: Vec<(String, Family)>,
+    /// Interfaces that have been a parent: vxmgr's same-subnet routes go
+    /// onlink via a node's address on them.
+    pub parents: Vec<u32>,
+    /// Protocols vxmgr used before `protocol` (the calc process changed
+    /// it): what it programmed with them is still its own, to be replaced.
+    pub earlier_protocols: Vec<u8>,
 }
 
 impl Ownership {
@@ -189,8 +279,98 @@ impl Ownership {
                 .iter()
                 .map(|f| (f.ipset_name().to_string(), *f))
                 .collect(),
+            parents: Vec::new(),
+            earlier_protocols: Vec::new(),
         }
     }
+
+    /// Makes `protocol` vxmgr's protocol for what it programs from now on;
+    /// returns whether it changed.
+    pub fn set_protocol(&mut self, protocol: u8) -> bool {
+        if protocol == self.protocol {
+            return false;
+        }
+        if !self.earlier_protocols.contains(&self.protocol) {
+            self.earlier_protocols.push(self.protocol);
+        }
+        self.protocol = protocol;
+        true
+    }
+
+    fn is_ours(&self, protocol: u8) -> bool {
+        protocol == self.protocol || self.earlier_protocols.contains(&protocol)
+    }
+
+    /// Whether a nexthop is ours: our protocol, via a gateway on one of our
+    /// devices (`devices`: their interface indexes).
+    pub fn owns_nexthop(&self, nexthop: &KernelNexthop, devices: &[u32]) -> bool {
+        self.is_ours(nexthop.protocol) && devices.contains(&nexthop.ifindex)
+    }
+
+    /// Whether a route of one of vxmgr's shapes is ours: our protocol, and
+    /// somewhere vxmgr sends routes: a blackhole (a local block), through
+    /// one of our devices or our nexthops (`our_nexthop`), or onlink via a
+    /// gateway on a parent (a same-subnet or no-encap route). Anything else
+    /// with our protocol is another agent's that happens to use it.
+    pub fn owns_route(
+        &self,
+        route: &KernelRoute,
+        devices: &[u32],
+        our_nexthop: impl Fn(u32) -> bool,
+    ) -> bool {
+        self.is_ours(route.protocol)
+            && match route.via {
+                KernelRouteVia::Blackhole => true,
+                KernelRouteVia::Gateway { ifindex, .. } => {
+                    devices.contains(&ifindex) || self.parents.contains(&ifindex)
+                }
+                KernelRouteVia::Link(ifindex) => devices.contains(&ifindex),
+                KernelRouteVia::Nexthop(id) => our_nexthop(id),
+            }
+    }
+
+    /// Sorts what a dump found into ours and the rest.
+    pub fn sort_out(
+        &self,
+        devices: Vec<Link>,
+        routes: Vec<TableRoute>,
+        nexthops: Vec<DumpedNexthop>,
+    ) -> KernelState {
+        let indexes: Vec<u32> = devices.iter().map(|l| l.index).collect();
+        let mut state = KernelState {
+            devices,
+            ..KernelState::default()
+        };
+        for nexthop in nexthops {
+            match nexthop {
+                DumpedNexthop::Single(n) if self.owns_nexthop(&n, &indexes) => {
+                    state.nexthops.push(n)
+                }
+                DumpedNexthop::Single(n) => state.foreign_nexthops.push(n.id),
+                DumpedNexthop::Other(id) => state.foreign_nexthops.push(id),
+            }
+        }
+        let ours: std::collections::HashSet<u32> = state.nexthops.iter().map(|n| n.id).collect();
+        for route in routes {
+            match route {
+                TableRoute::Shaped(r) if self.owns_route(&r, &indexes, |id| ours.contains(&id)) => {
+                    state.routes.push(r)
+                }
+                TableRoute::Shaped(r) => state.foreign_routes.push(ForeignRoute::of_shape(&r)),
+                TableRoute::Other(r) => state.foreign_routes.push(r),
+            }
+        }
+        state
+    }
+}
+
+/// A nexthop object as a dump gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DumpedNexthop {
+    /// A gateway on an interface: vxmgr's shape.
+    Single(KernelNexthop),
+    /// A group, a blackhole or the like, by id: never vxmgr's.
+    Other(u32),
 }
 
 /// Everything of ours the kernel holds.
@@ -204,6 +384,10 @@ pub struct KernelState {
     pub fdb: Vec<KernelFdb>,
     /// Members of each of our ipsets that exists.
     pub ipsets: Vec<(String, Vec<IpNetwork>)>,
+    /// Every other main-table route: vxmgr keeps out of their way.
+    pub foreign_routes: Vec<ForeignRoute>,
+    /// Ids of every other nexthop: never taken for one of ours.
+    pub foreign_nexthops: Vec<u32>,
 }
 
 impl fmt::Display for KernelRoute {
@@ -246,12 +430,18 @@ impl fmt::Display for KernelOp {
             KernelOp::DisableTxChecksum { name } => {
                 write!(f, "disabling tx checksum offload on {name}")
             }
+            KernelOp::AddNexthop(n) => write!(
+                f,
+                "adding nexthop {} via {} dev #{} onlink",
+                n.id, n.gateway, n.ifindex
+            ),
             KernelOp::ReplaceNexthop(n) => write!(
                 f,
                 "replacing nexthop {} via {} dev #{} onlink",
                 n.id, n.gateway, n.ifindex
             ),
             KernelOp::DeleteNexthop(n) => write!(f, "deleting nexthop {}", n.id),
+            KernelOp::AddRoute(r) => write!(f, "adding {r}"),
             KernelOp::ReplaceRoute(r) => write!(f, "replacing {r}"),
             KernelOp::DeleteRoute(r) => write!(f, "deleting {r}"),
             KernelOp::ReplaceNeighbor(n) => write!(
@@ -285,8 +475,8 @@ impl fmt::Display for KernelOp {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Notification {
     /// A main-table route appeared or changed.
-    Route(KernelRoute),
-    RouteGone(KernelRoute),
+    Route(TableRoute),
+    RouteGone(TableRoute),
     /// A permanent ARP/NDP entry appeared or changed.
     Neighbor(KernelNeighbor),
     /// A neighbour entry went, or is no longer permanent.

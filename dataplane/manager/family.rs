@@ -4,6 +4,16 @@
 //! `complete_deferred_work` re-derives only those keys. Each derivation is a
 //! `desired_*` function of the current intent, which the full snapshot for
 //! GetState uses too, so the delta and the snapshot cannot disagree.
+//!
+//! | intent | kernel object |
+//! |---|---|
+//! | local VTEP + parent interface | the device; without them an existing device is left as it is (Felix only notes that local information is missing) |
+//! | removed local VTEP | nothing changes: the device stays, and so does the parent address the parent interface is found by |
+//! | remote VTEP | nexthop via its tunnel address; ARP/NDP and FDB entries and ipset member only when its MAC and parent address are good |
+//! | remote block, VXLAN pool | `via <tunnel address> dev <device> onlink`, waiting for the node's VTEP; direct when same-subnet with a node address and the parent known |
+//! | remote block, NO_ENCAP pool | `via <node address> dev <parent> onlink` only: never tunnelled, waiting for the parent or a node address |
+//! | remote tunnel address | connected on the device |
+//! | local block | blackhole |
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::net::IpAddr;
@@ -17,7 +27,9 @@ use crate::desired::{
     Route, RouteTarget, TunnelNexthop, VxlanDevice,
 };
 use crate::model::update::{Rejection, quote};
-use crate::model::{Family, MacAddr, RemoteRouteKind, RouteIntent, VtepAddresses, VtepUpdate};
+use crate::model::{
+    Family, MacAddr, RemoteRouteKind, RouteIntent, VtepAddresses, VtepPart, VtepUpdate,
+};
 
 /// The settings that matter to one family.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,13 +70,70 @@ struct RemoteRoute {
     kind: RemoteRouteKind,
     /// The node's own address, when the route may bypass the tunnel.
     direct_via: Option<IpAddr>,
+    /// A no-encap pool's route: direct or nothing, never through the device.
+    no_encap: bool,
 }
 
-/// A route the manager wants but cannot program until the node's VTEP is known.
+/// What the manager knows of a remote node's VTEP in one family.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RemoteVtep {
+    Complete(VtepAddresses),
+    /// The node's latest update had a bad MAC or parent address, or another
+    /// node's MAC. As in Felix, its routes keep going via its tunnel address
+    /// (so its blocks never fall through to the host's default route); it
+    /// gets no ARP/FDB entries and no ipset member.
+    TunnelOnly(IpAddr),
+}
+
+impl RemoteVtep {
+    pub fn tunnel_ip(&self) -> IpAddr {
+        match self {
+            RemoteVtep::Complete(a) => a.tunnel_ip,
+            RemoteVtep::TunnelOnly(ip) => *ip,
+        }
+    }
+
+    /// MAC and parent address, for the L2 entries and the ipset.
+    pub fn complete(&self) -> Option<&VtepAddresses> {
+        match self {
+            RemoteVtep::Complete(a) => Some(a),
+            RemoteVtep::TunnelOnly(_) => None,
+        }
+    }
+}
+
+/// Why a remote route is not programmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitReason {
+    /// Its node has no usable VTEP in this family yet.
+    NoVtep,
+    /// A no-encap route while the parent interface is not known.
+    NoParent,
+    /// A no-encap route without `dst_node_ip`: nothing to route it to until
+    /// an update gives one.
+    NoNodeAddress,
+}
+
+impl std::fmt::Display for WaitReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            WaitReason::NoVtep => "no VTEP for its node yet",
+            WaitReason::NoParent => {
+                "no-encap route, never tunnelled: waiting for the parent interface"
+            }
+            WaitReason::NoNodeAddress => {
+                "no-encap route, never tunnelled: it has no dstNodeIp to go to"
+            }
+        })
+    }
+}
+
+/// A route the manager wants but cannot program yet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WaitingRoute {
     pub dst: IpNetwork,
     pub node: Arc<str>,
+    pub reason: WaitReason,
 }
 
 /// Everything one family wants, for GetState.
@@ -73,7 +142,7 @@ pub struct FamilySnapshot {
     pub device: Option<VxlanDevice>,
     pub parent: Option<ParentInterface>,
     pub local_vtep: Option<(Arc<str>, VtepAddresses)>,
-    pub remote_vteps: Vec<(Arc<str>, VtepAddresses)>,
+    pub remote_vteps: Vec<(Arc<str>, RemoteVtep)>,
     pub routes: Vec<Route>,
     pub waiting_routes: Vec<WaitingRoute>,
     pub neighbors: Vec<Neighbor>,
@@ -96,10 +165,16 @@ pub struct FamilyManager {
     family: Family,
     hostname: Arc<str>,
     settings: FamilySettings,
+    /// Our own VTEP, as the stream declares it.
     local_vtep: Option<VtepAddresses>,
+    /// The latest local VTEP's parent address, kept when that VTEP is
+    /// removed: the parent interface stays as it is.
+    parent_ip: Option<IpAddr>,
     parent: Option<ParentInterface>,
-    remote_vteps: HashMap<Arc<str>, VtepAddresses>,
+    remote_vteps: HashMap<Arc<str>, RemoteVtep>,
+    /// MACs of complete remote VTEPs.
     node_by_mac: HashMap<MacAddr, Arc<str>>,
+    /// Tunnel addresses of every remote VTEP.
     node_by_tunnel_ip: HashMap<IpAddr, Arc<str>>,
     /// How many reasons each ipset member has to be there (external CIDR,
     /// parent address of one or more VTEPs).
@@ -125,6 +200,7 @@ impl FamilyManager {
                 ..settings.clone()
             },
             local_vtep: None,
+            parent_ip: None,
             parent: None,
             remote_vteps: HashMap::new(),
             node_by_mac: HashMap::new(),
@@ -154,7 +230,16 @@ impl FamilyManager {
     /// address: the parent interface is whichever interface holds it.
     pub fn parent_ip(&self) -> Option<IpAddr> {
         let own = || self.local_hosts.values().min().copied();
-        self.local_vtep.as_ref().map(|v| v.parent_ip).or_else(own)
+        self.parent_ip.or_else(own)
+    }
+
+    /// What a new stream takes over from the previous one: the underlay
+    /// address and the interface holding it. Like a removed local VTEP, a
+    /// stream that has not (yet) declared ours leaves them as they are, so
+    /// direct routes do not flap through the tunnel on a reconnect.
+    pub(super) fn inherit_underlay(&mut self, previous: &FamilyManager) {
+        self.parent_ip = previous.parent_ip;
+        self.set_parent(previous.parent.clone());
     }
 
     pub fn set_settings(&mut self, settings: FamilySettings) {
@@ -213,7 +298,7 @@ impl FamilyManager {
                 .entry(node.clone())
                 .or_default()
                 .insert(route.dst);
-            let direct_via = route.node_ip.filter(|_| route.prefers_direct());
+            let direct_via = route.direct_via();
             if direct_via.is_some() {
                 self.direct_routes.insert(route.dst);
             }
@@ -223,6 +308,7 @@ impl FamilyManager {
                     node,
                     kind,
                     direct_via,
+                    no_encap: route.is_no_encap(),
                 },
             );
         } else if route.is_local_block() {
@@ -278,77 +364,104 @@ impl FamilyManager {
             .unwrap_or_else(|| Arc::from(node))
     }
 
-    /// Checks a VTEP update against the VTEPs already known, local one
-    /// included, before anything of it is applied: two nodes may not claim
-    /// the same MAC or tunnel address.
-    ///
-    /// The newer claim is the one rejected, whichever side makes it (a remote
-    /// claiming our addresses, or our own VTEP arriving with a remote's):
-    /// what is already programmed, our device or the other node's routes and
-    /// L2 entries, keeps working, and the batch status names both nodes.
-    /// Evicting the holder instead would cut a live node off on the strength
-    /// of one message.
-    pub fn check_vtep(&self, update: &VtepUpdate) -> Result<(), Rejection> {
-        let Some(addrs) = update.addresses(self.family) else {
-            return Ok(());
-        };
-        let local = self.local_vtep.as_ref();
-        let mac_owner = local
-            .filter(|l| l.mac == addrs.mac)
-            .map(|_| &self.hostname)
-            .or_else(|| self.node_by_mac.get(&addrs.mac));
-        let ip_owner = local
-            .filter(|l| l.tunnel_ip == addrs.tunnel_ip)
-            .map(|_| &self.hostname)
-            .or_else(|| self.node_by_tunnel_ip.get(&addrs.tunnel_ip));
-        let conflict = |owner: Option<&Arc<str>>| owner.filter(|o| ***o != *update.node).cloned();
-        if let Some(other) = conflict(mac_owner) {
-            return Err(Rejection(format!(
-                "vtep_update for node {}: {} mac {} is already the VTEP MAC of node {}",
-                quote(&update.node),
-                self.family,
-                addrs.mac,
-                quote(&other)
-            )));
+    /// Two nodes may not claim the same MAC or tunnel address, the local
+    /// VTEP included. The newer claim is the one rejected, whichever side
+    /// makes it (a remote claiming our addresses, or our own VTEP arriving
+    /// with a remote's): what is already programmed, our device or the other
+    /// node's routes and L2 entries, keeps working, and the batch status
+    /// names both nodes. Evicting the holder instead would cut a live node
+    /// off on the strength of one message.
+    fn claim(
+        &self,
+        node: &str,
+        local: bool,
+        remote: Option<&Arc<str>>,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), Rejection> {
+        let holder = if local { Some(&self.hostname) } else { remote };
+        match holder.filter(|h| ***h != *node) {
+            Some(other) => Err(Rejection(format!(
+                "vtep_update for node {}: {} of node {}",
+                quote(node),
+                what(),
+                quote(other)
+            ))),
+            None => Ok(()),
         }
-        if let Some(other) = conflict(ip_owner) {
-            return Err(Rejection(format!(
-                "vtep_update for node {}: tunnel address {} is already the tunnel address of node {}",
-                quote(&update.node),
-                addrs.tunnel_ip,
-                quote(&other)
-            )));
+    }
+
+    fn mac_claim(&self, node: &str, mac: MacAddr) -> Result<(), Rejection> {
+        let local = self.local_vtep.as_ref().is_some_and(|l| l.mac == mac);
+        self.claim(node, local, self.node_by_mac.get(&mac), || {
+            format!("{} mac {mac} is already the VTEP MAC", self.family)
+        })
+    }
+
+    fn tunnel_claim(&self, node: &str, ip: IpAddr) -> Result<(), Rejection> {
+        let local = self.local_vtep.as_ref().is_some_and(|l| l.tunnel_ip == ip);
+        self.claim(node, local, self.node_by_tunnel_ip.get(&ip), || {
+            format!("tunnel address {ip} is already the tunnel address")
+        })
+    }
+
+    /// This family's part of a VTEP update. `Ok(false)`: the update has
+    /// none. A rejected part of a remote node's update still replaces its
+    /// VTEP with what is usable of it, as Felix keeps a node's newest VTEP.
+    pub fn on_vtep(&mut self, update: &VtepUpdate) -> Result<bool, Rejection> {
+        let Some(part) = update.part(self.family) else {
+            return Ok(false);
+        };
+        if *update.node == *self.hostname {
+            return self.on_local_vtep(part).map(|()| true);
+        }
+        let node = self.intern_node(&update.node);
+        let (vtep, outcome) = match part {
+            VtepPart::Valid(addrs) => match (
+                self.tunnel_claim(&node, addrs.tunnel_ip),
+                self.mac_claim(&node, addrs.mac),
+            ) {
+                (Err(rejection), _) => (None, Err(rejection)),
+                (Ok(()), Err(rejection)) => (
+                    Some(RemoteVtep::TunnelOnly(addrs.tunnel_ip)),
+                    Err(rejection),
+                ),
+                (Ok(()), Ok(())) => (Some(RemoteVtep::Complete(addrs.clone())), Ok(true)),
+            },
+            VtepPart::Invalid {
+                tunnel_ip,
+                rejection,
+            } => {
+                let usable = tunnel_ip.filter(|ip| self.tunnel_claim(&node, *ip).is_ok());
+                (usable.map(RemoteVtep::TunnelOnly), Err(rejection.clone()))
+            }
+        };
+        self.set_remote_vtep(node, vtep);
+        outcome
+    }
+
+    /// A bad part keeps the local VTEP as it was: one bad message must not
+    /// take the device, and the node's connectivity, away.
+    fn on_local_vtep(&mut self, part: &VtepPart) -> Result<(), Rejection> {
+        let addrs = match part {
+            VtepPart::Valid(addrs) => addrs,
+            VtepPart::Invalid { rejection, .. } => return Err(rejection.clone()),
+        };
+        self.mac_claim(&self.hostname, addrs.mac)?;
+        self.tunnel_claim(&self.hostname, addrs.tunnel_ip)?;
+        if self.local_vtep.as_ref() != Some(addrs) {
+            self.local_vtep = Some(addrs.clone());
+            self.parent_ip = Some(addrs.parent_ip);
+            self.dirty.device = true;
         }
         Ok(())
     }
 
-    /// A VTEP update (already checked). Updates without an address for this
-    /// family are not for us. Returns false when ignored.
-    pub fn on_vtep(&mut self, update: &VtepUpdate) -> bool {
-        let Some(addrs) = update.addresses(self.family) else {
-            return false;
-        };
-        if *update.node == *self.hostname {
-            if self.local_vtep.as_ref() != Some(addrs) {
-                self.local_vtep = Some(addrs.clone());
-                self.dirty.device = true;
-            }
-            return true;
-        }
-        let node = self.intern_node(&update.node);
-        if self.remote_vteps.get(&node) == Some(addrs) {
-            return true;
-        }
-        self.remove_remote_vtep(&node);
-        self.node_by_mac.insert(addrs.mac, node.clone());
-        self.node_by_tunnel_ip.insert(addrs.tunnel_ip, node.clone());
-        self.ref_ipset(Family::host_net(addrs.parent_ip));
-        self.mark_vtep_dirty(&node, addrs);
-        self.remote_vteps.insert(node, addrs.clone());
-        true
-    }
-
     /// A VTEP remove. Returns false for an unknown node.
+    ///
+    /// Removing our own VTEP programs no device any more, which leaves the
+    /// existing one as it is (Felix only notes that local information is
+    /// missing); the parent address stays, and with it the parent interface
+    /// and the routes over it.
     pub fn on_vtep_remove(&mut self, node: &str) -> bool {
         if *node == *self.hostname {
             let known = self.local_vtep.take().is_some();
@@ -358,21 +471,43 @@ impl FamilyManager {
         self.remove_remote_vtep(node)
     }
 
+    fn set_remote_vtep(&mut self, node: Arc<str>, vtep: Option<RemoteVtep>) {
+        if self.remote_vteps.get(&node) == vtep.as_ref() {
+            return;
+        }
+        self.remove_remote_vtep(&node);
+        let Some(vtep) = vtep else {
+            return;
+        };
+        self.node_by_tunnel_ip
+            .insert(vtep.tunnel_ip(), node.clone());
+        if let Some(addrs) = vtep.complete() {
+            self.node_by_mac.insert(addrs.mac, node.clone());
+            self.ref_ipset(Family::host_net(addrs.parent_ip));
+        }
+        self.mark_vtep_dirty(&node, &vtep);
+        self.remote_vteps.insert(node, vtep);
+    }
+
     fn remove_remote_vtep(&mut self, node: &str) -> bool {
-        let Some((node, addrs)) = self.remote_vteps.remove_entry(node) else {
+        let Some((node, vtep)) = self.remote_vteps.remove_entry(node) else {
             return false;
         };
-        self.node_by_mac.remove(&addrs.mac);
-        self.node_by_tunnel_ip.remove(&addrs.tunnel_ip);
-        self.unref_ipset(Family::host_net(addrs.parent_ip));
-        self.mark_vtep_dirty(&node, &addrs);
+        self.node_by_tunnel_ip.remove(&vtep.tunnel_ip());
+        if let Some(addrs) = vtep.complete() {
+            self.node_by_mac.remove(&addrs.mac);
+            self.unref_ipset(Family::host_net(addrs.parent_ip));
+        }
+        self.mark_vtep_dirty(&node, &vtep);
         true
     }
 
-    /// Everything derived from one remote VTEP's addresses.
-    fn mark_vtep_dirty(&mut self, node: &Arc<str>, addrs: &VtepAddresses) {
-        self.dirty.neighbors.insert(addrs.tunnel_ip);
-        self.dirty.fdb.insert(addrs.mac);
+    /// Everything derived from one remote VTEP.
+    fn mark_vtep_dirty(&mut self, node: &Arc<str>, vtep: &RemoteVtep) {
+        self.dirty.neighbors.insert(vtep.tunnel_ip());
+        if let Some(addrs) = vtep.complete() {
+            self.dirty.fdb.insert(addrs.mac);
+        }
         self.dirty.nexthops.insert(node.clone());
         if let Some(routes) = self.routes_by_node.get(node) {
             self.dirty.routes.extend(routes.iter().copied());
@@ -443,16 +578,28 @@ impl FamilyManager {
             };
             return Some(route(target, None));
         }
+        if remote.no_encap {
+            return None;
+        }
         let target = match remote.kind {
             RemoteRouteKind::TunnelAddress => RouteTarget::Connected {
                 node: remote.node.clone(),
             },
             RemoteRouteKind::Block => RouteTarget::Tunnel {
                 node: remote.node.clone(),
-                gateway: self.remote_vteps.get(&remote.node)?.tunnel_ip,
+                gateway: self.remote_vteps.get(&remote.node)?.tunnel_ip(),
             },
         };
         Some(route(target, self.tunnel_mtu()))
+    }
+
+    /// Why a remote route that `desired_route` leaves out waits.
+    fn wait_reason(remote: &RemoteRoute) -> WaitReason {
+        match (remote.no_encap, remote.direct_via) {
+            (false, _) => WaitReason::NoVtep,
+            (true, Some(_)) => WaitReason::NoParent,
+            (true, None) => WaitReason::NoNodeAddress,
+        }
     }
 
     fn desired_nexthop(&self, node: &Arc<str>) -> Option<TunnelNexthop> {
@@ -460,16 +607,20 @@ impl FamilyManager {
         Some(TunnelNexthop {
             family: self.family,
             node: node.clone(),
-            gateway: vtep.tunnel_ip,
+            gateway: vtep.tunnel_ip(),
             protocol: self.settings.route_protocol,
         })
+    }
+
+    fn complete_vtep(&self, node: &Arc<str>) -> Option<&VtepAddresses> {
+        self.remote_vteps[node].complete()
     }
 
     fn desired_neighbor(&self, address: &IpAddr) -> Option<Neighbor> {
         let node = self.node_by_tunnel_ip.get(address)?;
         Some(Neighbor {
             address: *address,
-            mac: self.remote_vteps[node].mac,
+            mac: self.complete_vtep(node)?.mac,
         })
     }
 
@@ -478,7 +629,7 @@ impl FamilyManager {
         Some(FdbEntry {
             family: self.family,
             mac: *mac,
-            destination: self.remote_vteps[node].parent_ip,
+            destination: self.complete_vtep(node)?.parent_ip,
         })
     }
 
@@ -555,10 +706,14 @@ impl FamilyManager {
         for dst in self.remote_routes.keys().chain(self.local_blocks.iter()) {
             match self.desired_route(dst) {
                 Some(r) => routes.push(r),
-                None => waiting_routes.push(WaitingRoute {
-                    dst: *dst,
-                    node: self.remote_routes[dst].node.clone(),
-                }),
+                None => {
+                    let remote = &self.remote_routes[dst];
+                    waiting_routes.push(WaitingRoute {
+                        dst: *dst,
+                        node: remote.node.clone(),
+                        reason: Self::wait_reason(remote),
+                    })
+                }
             }
         }
         routes.sort_by_key(|r| r.dst);

@@ -7,7 +7,9 @@ mod tests;
 
 use std::sync::Arc;
 
-pub use family::{FamilyManager, FamilySettings, FamilySnapshot, WaitingRoute};
+pub use family::{
+    FamilyManager, FamilySettings, FamilySnapshot, RemoteVtep, WaitReason, WaitingRoute,
+};
 
 use crate::config::{Config, Settings};
 use crate::desired::{Delta, ParentInterface};
@@ -53,13 +55,13 @@ impl Manager {
         }
     }
 
-    /// A manager for a new stream: same host, flags and kernel facts, no
+    /// A manager for a new stream: same host, flags and underlay, no
     /// intent. Config from the previous stream's ConfigUpdate is kept until
     /// the new stream sends its own.
     pub fn fresh(&self) -> Manager {
         let mut m = Manager::new(&self.hostname, self.config.clone());
         for f in Family::ALL {
-            m.family_mut(f).set_parent(self.family(f).parent().cloned());
+            m.family_mut(f).inherit_underlay(self.family(f));
         }
         m
     }
@@ -110,15 +112,13 @@ impl Manager {
             Update::Route(r) => self.family_mut(r.family()).on_route(r),
             Update::RouteRemove(dst) => self.family_mut(Family::of_net(&dst)).on_route_remove(dst),
             Update::Vtep(v) => {
-                if let Err(rejection) = self.v4.check_vtep(&v).and(self.v6.check_vtep(&v)) {
-                    return Err(self.reject_vtep(&v.node, rejection));
+                // Each family takes its own part, as Felix's per-family
+                // managers do; a bad part is reported all the same.
+                match (self.v4.on_vtep(&v), self.v6.on_vtep(&v)) {
+                    (Err(v4), Err(v6)) => return Err(Rejection(format!("{v4}; {v6}"))),
+                    (Err(rejection), Ok(_)) | (Ok(_), Err(rejection)) => return Err(rejection),
+                    (Ok(v4), Ok(v6)) => v4 || v6,
                 }
-                let v4 = self.v4.on_vtep(&v);
-                let v6 = self.v6.on_vtep(&v);
-                v4 || v6
-            }
-            Update::InvalidVtep { node, rejection } => {
-                return Err(self.reject_vtep(&node, rejection));
             }
             Update::VtepRemove(node) => {
                 let v4 = self.v4.on_vtep_remove(&node);
@@ -131,18 +131,6 @@ impl Manager {
         } else {
             Outcome::Ignored
         })
-    }
-
-    /// A VTEP update rejected as a whole: a remote node's routes then wait
-    /// as if its VTEP were unknown (Felix replaces a node's VTEP with the
-    /// newest, usable or not). Our own VTEP is kept: one bad message must not
-    /// take the device, and the node's connectivity, away.
-    fn reject_vtep(&mut self, node: &str, rejection: Rejection) -> Rejection {
-        if node != &*self.hostname {
-            self.v4.on_vtep_remove(node);
-            self.v6.on_vtep_remove(node);
-        }
-        rejection
     }
 
     /// The kernel's answer to "which interface holds the parent address".

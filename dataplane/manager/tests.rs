@@ -51,6 +51,14 @@ fn vtep(node: &str, n: u8) -> VxlanTunnelEndpointUpdate {
     }
 }
 
+/// node-b's block, in the same subnet as node-a.
+fn same_subnet_block() -> Payload {
+    let mut r = route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b");
+    r.same_subnet = true;
+    r.dst_node_ip = "192.168.10.2".into();
+    Payload::RouteUpdate(r)
+}
+
 fn eth0() -> Option<ParentInterface> {
     Some(ParentInterface {
         name: Arc::from("eth0"),
@@ -65,6 +73,16 @@ fn node_a() -> Manager {
     ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
     m.set_parent(Family::V4, eth0());
     m.set_parent(Family::V6, eth0());
+    m.complete_deferred_work();
+    m
+}
+
+/// [`node_a`] with node-b's VTEP and its block 10.244.1.0/26 programmed.
+fn node_a_with_a_block_of_node_b() -> Manager {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    let block = route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b");
+    ok(&mut m, Payload::RouteUpdate(block));
     m.complete_deferred_work();
     m
 }
@@ -272,10 +290,7 @@ fn same_subnet_routes_fall_back_to_the_tunnel_until_the_parent_is_known_and_foll
     let mut m = Manager::new("node-a", Config::default());
     ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
     ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
-    let mut r = route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b");
-    r.same_subnet = true;
-    r.dst_node_ip = "192.168.10.2".into();
-    ok(&mut m, Payload::RouteUpdate(r));
+    ok(&mut m, same_subnet_block());
     let delta = m.complete_deferred_work();
     assert_eq!(
         desired_target(&delta, "10.244.1.0/26"),
@@ -336,6 +351,67 @@ fn no_encap_pool_routes_go_direct() {
     );
 }
 
+/// The waiting route for `dst`, if any.
+fn waiting(m: &Manager, dst: &str) -> Option<WaitReason> {
+    let dst = dst.parse().unwrap();
+    let family = Family::of_net(&dst);
+    let s = m.family(family).snapshot();
+    s.waiting_routes
+        .into_iter()
+        .find(|w| w.dst == dst)
+        .map(|w| w.reason)
+}
+
+#[test]
+fn no_encap_routes_are_never_tunnelled() {
+    let mut m = Manager::new("node-a", Config::default());
+    ok(&mut m, Payload::VtepUpdate(vtep("node-a", 1)));
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    let mut with_address = route(RW, IpPoolType::NoEncap, "192.168.0.0/26", "node-b");
+    with_address.dst_node_ip = "192.168.10.2".into();
+    ok(&mut m, Payload::RouteUpdate(with_address));
+    let without_address = route(RW, IpPoolType::NoEncap, "192.168.0.64/26", "node-b");
+    ok(&mut m, Payload::RouteUpdate(without_address));
+    let delta = m.complete_deferred_work();
+    assert_eq!(
+        desired_target(&delta, "192.168.0.0/26"),
+        None,
+        "not through the device while the parent is unknown"
+    );
+    assert_eq!(waiting(&m, "192.168.0.0/26"), Some(WaitReason::NoParent));
+    assert_eq!(desired_target(&delta, "192.168.0.64/26"), None);
+    assert_eq!(
+        waiting(&m, "192.168.0.64/26"),
+        Some(WaitReason::NoNodeAddress)
+    );
+
+    m.set_parent(Family::V4, eth0());
+    let delta = m.complete_deferred_work();
+    assert!(matches!(
+        desired_target(&delta, "192.168.0.0/26"),
+        Some(RouteTarget::Direct { .. })
+    ));
+    assert!(
+        delta
+            .routes
+            .iter()
+            .all(|c| c.key.to_string() != "192.168.0.64/26" || c.desired.is_none()),
+        "without dstNodeIp it stays out: {delta:#?}"
+    );
+    assert_eq!(
+        waiting(&m, "192.168.0.64/26"),
+        Some(WaitReason::NoNodeAddress)
+    );
+
+    m.set_parent(Family::V4, None);
+    let delta = m.complete_deferred_work();
+    assert_eq!(
+        desired_target(&delta, "192.168.0.0/26"),
+        None,
+        "a lost parent withdraws it; it does not fall back to the tunnel"
+    );
+}
+
 #[test]
 fn without_a_local_vtep_our_local_host_address_names_the_parent() {
     let mut m = Manager::new("node-a", Config::default());
@@ -370,7 +446,8 @@ fn without_a_local_vtep_our_local_host_address_names_the_parent() {
         Some(RouteTarget::Direct { .. })
     ));
 
-    // A local VTEP's parent address wins; removing the host route forgets it.
+    // A local VTEP's parent address wins, and is kept once the VTEP goes
+    // (as Felix keeps its device and parent).
     ok(&mut m, Payload::VtepUpdate(vtep("node-a", 9)));
     assert_eq!(
         m.family(Family::V4).parent_ip(),
@@ -388,7 +465,10 @@ fn without_a_local_vtep_our_local_host_address_names_the_parent() {
             dst: "192.168.10.1/32".into(),
         }),
     );
-    assert_eq!(m.family(Family::V4).parent_ip(), None);
+    assert_eq!(
+        m.family(Family::V4).parent_ip(),
+        Some("192.168.10.9".parse().unwrap())
+    );
 }
 
 #[test]
@@ -656,6 +736,56 @@ fn vtep_remove_withdraws_everything_derived_from_it() {
 }
 
 #[test]
+fn removing_the_local_vtep_leaves_the_device_the_parent_and_direct_routes_as_they_are() {
+    let mut m = node_a();
+    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
+    ok(&mut m, same_subnet_block());
+    let before = m.complete_deferred_work();
+    let direct = desired_target(&before, "10.244.1.0/26");
+    assert!(matches!(direct, Some(RouteTarget::Direct { .. })));
+
+    let removed = ok(
+        &mut m,
+        Payload::VtepRemove(VxlanTunnelEndpointRemove {
+            node: "node-a".into(),
+        }),
+    );
+    assert_eq!(removed, Outcome::Applied);
+    let delta = m.complete_deferred_work();
+    // The device is no longer programmed, which leaves the kernel's as it is.
+    assert!(delta.devices.iter().all(|c| c.desired.is_none()));
+    assert!(delta.routes.is_empty(), "routes stay: {delta:#?}");
+    let v4 = m.family(Family::V4);
+    assert_eq!(v4.parent_ip(), Some("192.168.10.1".parse().unwrap()));
+    assert_eq!(v4.parent(), eth0().as_ref());
+    let snap = v4.snapshot();
+    assert!(snap.local_vtep.is_none());
+    assert_eq!(snap.routes[0].target, direct.unwrap());
+
+    // A new stream that has not declared our VTEP keeps the underlay too.
+    let mut next = m.fresh();
+    assert_eq!(next.family(Family::V4).parent_ip(), v4.parent_ip());
+    assert_eq!(next.family(Family::V4).parent(), eth0().as_ref());
+    next.complete_deferred_work();
+    ok(&mut next, Payload::VtepUpdate(vtep("node-b", 2)));
+    ok(&mut next, same_subnet_block());
+    let delta = next.complete_deferred_work();
+    assert!(
+        matches!(
+            desired_target(&delta, "10.244.1.0/26"),
+            Some(RouteTarget::Direct { .. })
+        ),
+        "direct from the start, not through the tunnel"
+    );
+    assert!(delta.devices.iter().all(|c| c.desired.is_none()));
+
+    // Declared again, it gives the device again.
+    ok(&mut next, Payload::VtepUpdate(vtep("node-a", 1)));
+    let delta = next.complete_deferred_work();
+    assert!(delta.devices.iter().any(|c| c.desired.is_some()));
+}
+
+#[test]
 fn ipset_holds_external_cidrs_and_shared_parents_once() {
     let mut m = Manager::new(
         "node-a",
@@ -741,24 +871,63 @@ fn config_changes_reach_the_device_and_routes() {
     assert!(m.complete_deferred_work().is_empty());
 }
 
+/// Neighbours, FDB entries and ipset members of one family, printed.
+fn l2_and_ipset(m: &Manager, family: Family) -> Vec<String> {
+    let s = m.family(family).snapshot();
+    s.neighbors
+        .iter()
+        .map(ToString::to_string)
+        .chain(s.fdb.iter().map(ToString::to_string))
+        .chain(s.ipset.iter().map(ToString::to_string))
+        .collect()
+}
+
+fn remote_vtep(m: &Manager, family: Family, node: &str) -> Option<RemoteVtep> {
+    let s = m.family(family).snapshot();
+    s.remote_vteps
+        .into_iter()
+        .find(|(n, _)| &**n == node)
+        .map(|(_, v)| v)
+}
+
+fn tunnel_only(ip: &str) -> Option<RemoteVtep> {
+    Some(RemoteVtep::TunnelOnly(ip.parse().unwrap()))
+}
+
 #[test]
-fn a_mac_claimed_by_another_node_is_rejected_as_a_whole() {
+fn a_mac_claimed_by_another_node_leaves_the_claimant_its_tunnel_address_only() {
     let mut m = node_a();
     ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
     m.complete_deferred_work();
+    let holder = l2_and_ipset(&m, Family::V4);
     let mut thief = vtep("node-c", 3);
     thief.mac = "66:aa:00:00:00:02".into();
     let err = send(&mut m, Payload::VtepUpdate(thief)).unwrap_err();
-    assert!(err.0.contains("node \"node-b\""), "{err}");
     assert!(
-        m.complete_deferred_work().is_empty(),
-        "nothing of it applied"
+        err.0.contains("already the VTEP MAC of node \"node-b\""),
+        "{err}"
     );
-    assert_eq!(m.family(Family::V6).snapshot().remote_vteps.len(), 1);
+    m.complete_deferred_work();
+    assert_eq!(
+        l2_and_ipset(&m, Family::V4),
+        holder,
+        "node-b's entries stay"
+    );
+    assert_eq!(
+        remote_vtep(&m, Family::V4, "node-c"),
+        tunnel_only("10.244.2.0")
+    );
+    assert!(
+        matches!(
+            remote_vtep(&m, Family::V6, "node-c"),
+            Some(RemoteVtep::Complete(_))
+        ),
+        "its good IPv6 part applies"
+    );
 }
 
 /// Sends VTEP updates that must each be rejected naming `what` and the
-/// node holding the address, with nothing of them applied.
+/// node holding the address.
 fn assert_claims_rejected(
     m: &mut Manager,
     holder: &str,
@@ -768,26 +937,43 @@ fn assert_claims_rejected(
         let err = send(m, Payload::VtepUpdate(claim)).unwrap_err();
         assert!(err.0.contains(what), "{err}");
         assert!(err.0.contains(&format!("of node \"{holder}\"")), "{err}");
-        assert!(
-            m.complete_deferred_work().is_empty(),
-            "nothing of it applied"
-        );
     }
 }
 
 #[test]
-fn a_remote_vtep_claiming_the_local_vteps_addresses_is_rejected() {
+fn a_remote_vtep_claiming_the_local_vteps_addresses_gets_nothing_of_them() {
     let mut m = node_a();
     let mut mac_thief = vtep("node-b", 2);
     mac_thief.mac = "66:aa:00:00:00:01".into();
+    assert_claims_rejected(&mut m, "node-a", vec![(mac_thief, "IPv4 mac")]);
+    assert_eq!(
+        remote_vtep(&m, Family::V4, "node-b"),
+        tunnel_only("10.244.1.0")
+    );
+    assert!(
+        l2_and_ipset(&m, Family::V4).is_empty(),
+        "no L2 entry for it"
+    );
+
     let mut ip_thief = vtep("node-b", 2);
     ip_thief.ipv6_addr = "fd00:244:0:0::".into();
-    let claims = vec![
-        (mac_thief, "IPv4 mac"),
-        (ip_thief, "tunnel address fd00:244::"),
-    ];
-    assert_claims_rejected(&mut m, "node-a", claims);
-    assert!(m.family(Family::V4).snapshot().remote_vteps.is_empty());
+    assert_claims_rejected(
+        &mut m,
+        "node-a",
+        vec![(ip_thief, "tunnel address fd00:244::")],
+    );
+    assert_eq!(remote_vtep(&m, Family::V6, "node-b"), None);
+    let delta = m.complete_deferred_work();
+    assert!(delta.devices.is_empty(), "our device is untouched");
+    assert_eq!(
+        m.family(Family::V6)
+            .snapshot()
+            .device
+            .unwrap()
+            .address
+            .to_string(),
+        "fd00:244::/128"
+    );
 }
 
 #[test]
@@ -804,6 +990,10 @@ fn the_local_vtep_claiming_a_remotes_addresses_is_rejected_and_the_device_kept()
         (ip_clash, "tunnel address 10.244.1.0"),
     ];
     assert_claims_rejected(&mut m, "node-b", claims);
+    assert!(
+        m.complete_deferred_work().is_empty(),
+        "nothing of them applied"
+    );
     let v4 = m.family(Family::V4).snapshot();
     assert_eq!(v4.device.unwrap().address.to_string(), "10.244.0.0/32");
     assert_eq!(v4.remote_vteps.len(), 1, "node-b keeps its VTEP");
@@ -857,34 +1047,79 @@ fn batches_cost_follows_the_change() {
 }
 
 #[test]
-fn a_known_nodes_invalid_vtep_update_makes_its_routes_wait_until_a_good_one() {
-    let mut m = node_a();
-    ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
-    let block = route(RW, IpPoolType::Vxlan, "10.244.1.0/26", "node-b");
-    ok(&mut m, Payload::RouteUpdate(block));
-    m.complete_deferred_work();
+fn a_bad_mac_drops_a_nodes_l2_entries_and_ipset_member_but_keeps_its_routes() {
+    let mut m = node_a_with_a_block_of_node_b();
+    let v6_before = l2_and_ipset(&m, Family::V6);
     let mut bad = vtep("node-b", 2);
     bad.mac = "66:aa:00:00:00".into();
     let err = send(&mut m, Payload::VtepUpdate(bad)).unwrap_err();
     assert!(err.0.contains("\"66:aa:00:00:00\""), "{err}");
     let delta = m.complete_deferred_work();
-    assert_eq!(desired_target(&delta, "10.244.1.0/26"), None, "it waits");
-    for family in Family::ALL {
-        let s = m.family(family).snapshot();
-        assert!(s.remote_vteps.is_empty(), "{family}: {s:?}");
-        assert!(
-            s.neighbors.is_empty() && s.fdb.is_empty(),
-            "{family}: {s:?}"
-        );
-        assert!(s.ipset.is_empty(), "{family}: {s:?}");
+    assert_eq!(
+        desired_target(&delta, "10.244.1.0/26"),
+        tunnel_via("node-b", "10.244.1.0"),
+        "still routed via its tunnel address"
+    );
+    let nexthop = delta.nexthops.iter().find(|c| c.key.0 == Family::V4);
+    assert!(nexthop.is_some_and(|c| c.desired.is_some()), "{delta:#?}");
+    for kind in [
+        delta
+            .neighbors
+            .iter()
+            .map(|c| c.desired.is_some())
+            .collect(),
+        delta.fdb.iter().map(|c| c.desired.is_some()).collect(),
+        delta
+            .ipset
+            .iter()
+            .map(|c| c.desired.is_some())
+            .collect::<Vec<_>>(),
+    ] {
+        assert_eq!(kind, [false], "{delta:#?}");
     }
-    assert_eq!(m.family(Family::V4).snapshot().waiting_routes.len(), 1);
+    assert!(l2_and_ipset(&m, Family::V4).is_empty());
+    assert_eq!(
+        remote_vtep(&m, Family::V4, "node-b"),
+        tunnel_only("10.244.1.0")
+    );
+    assert_eq!(l2_and_ipset(&m, Family::V6), v6_before, "IPv6 is untouched");
+    assert!(m.family(Family::V4).snapshot().waiting_routes.is_empty());
 
     ok(&mut m, Payload::VtepUpdate(vtep("node-b", 2)));
     let delta = m.complete_deferred_work();
-    assert!(
-        desired_target(&delta, "10.244.1.0/26").is_some(),
-        "programmed again"
+    assert_eq!(
+        delta.neighbors.len() + delta.fdb.len() + delta.ipset.len(),
+        3
+    );
+    assert_eq!(l2_and_ipset(&m, Family::V4).len(), 3, "L2 entries are back");
+}
+
+#[test]
+fn a_bad_parent_address_is_a_bad_mac_and_a_bad_tunnel_address_makes_routes_wait() {
+    let mut m = node_a_with_a_block_of_node_b();
+    let mut bad_parent = vtep("node-b", 2);
+    bad_parent.parent_device_ip = "192.168.10.300".into();
+    send(&mut m, Payload::VtepUpdate(bad_parent)).unwrap_err();
+    assert_eq!(
+        remote_vtep(&m, Family::V4, "node-b"),
+        tunnel_only("10.244.1.0")
+    );
+    m.complete_deferred_work();
+
+    let mut bad_tunnel = vtep("node-b", 2);
+    bad_tunnel.ipv4_addr = "10.244.1.300".into();
+    let err = send(&mut m, Payload::VtepUpdate(bad_tunnel)).unwrap_err();
+    assert!(err.0.contains("\"10.244.1.300\""), "{err}");
+    let delta = m.complete_deferred_work();
+    assert_eq!(desired_target(&delta, "10.244.1.0/26"), None, "it waits");
+    let waiting = m.family(Family::V4).snapshot().waiting_routes;
+    assert_eq!(
+        waiting,
+        [WaitingRoute {
+            dst: "10.244.1.0/26".parse().unwrap(),
+            node: Arc::from("node-b"),
+            reason: WaitReason::NoVtep,
+        }]
     );
 }
 

@@ -21,14 +21,9 @@ pub enum Update {
     Config(BTreeMap<String, String>),
     Route(RouteIntent),
     RouteRemove(IpNetwork),
+    /// A VTEP update for a named node; each family's part may be invalid
+    /// on its own (see [`VtepPart`]).
     Vtep(VtepUpdate),
-    /// A VTEP update whose node is named but whose addresses are malformed.
-    /// It is rejected, and the node's earlier VTEP is no longer used: Felix
-    /// keeps a node's newest VTEP even when it cannot program it.
-    InvalidVtep {
-        node: String,
-        rejection: Rejection,
-    },
     VtepRemove(String),
 }
 
@@ -135,10 +130,17 @@ impl RouteIntent {
         self.node_ip.filter(|_| host)
     }
 
-    /// Same-subnet and no-encap routes go straight to the node over the
-    /// parent interface, once that interface is known.
-    pub fn prefers_direct(&self) -> bool {
-        self.node_ip.is_some() && (self.same_subnet || self.pool == PoolType::NoEncap)
+    /// A no-encap (host-gw) pool's route is never tunnelled: it goes direct
+    /// or not at all.
+    pub fn is_no_encap(&self) -> bool {
+        self.pool == PoolType::NoEncap
+    }
+
+    /// The node address to route to over the parent interface, bypassing the
+    /// tunnel: same-subnet and no-encap routes that name one.
+    pub fn direct_via(&self) -> Option<IpAddr> {
+        self.node_ip
+            .filter(|_| self.same_subnet || self.is_no_encap())
     }
 }
 
@@ -152,17 +154,32 @@ pub struct VtepAddresses {
     pub parent_ip: IpAddr,
 }
 
-/// A validated `VXLANTunnelEndpointUpdate`: the per-family parts are present
-/// only when that family's tunnel address was given.
+/// One family's part of a VTEP update. Felix runs one VXLAN manager per
+/// family, so each part stands or falls on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VtepPart {
+    Valid(VtepAddresses),
+    /// A malformed part, rejected. Felix keeps a node's newest VTEP even
+    /// when its MAC does not parse: it still routes the node's blocks via
+    /// the tunnel address, and only leaves out the ARP/FDB entries and the
+    /// ipset member. `tunnel_ip` is that address, when it is valid itself.
+    Invalid {
+        tunnel_ip: Option<IpAddr>,
+        rejection: Rejection,
+    },
+}
+
+/// A `VXLANTunnelEndpointUpdate` with its node name checked: the per-family
+/// parts are present only when that family's tunnel address was given.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VtepUpdate {
     pub node: String,
-    pub v4: Option<VtepAddresses>,
-    pub v6: Option<VtepAddresses>,
+    pub v4: Option<VtepPart>,
+    pub v6: Option<VtepPart>,
 }
 
 impl VtepUpdate {
-    pub fn addresses(&self, family: Family) -> Option<&VtepAddresses> {
+    pub fn part(&self, family: Family) -> Option<&VtepPart> {
         match family {
             Family::V4 => self.v4.as_ref(),
             Family::V6 => self.v6.as_ref(),
@@ -202,8 +219,10 @@ impl Update {
             Payload::InSync(_) => Update::InSync,
             Payload::ConfigUpdate(c) => Update::Config(c.config.into_iter().collect()),
             Payload::RouteUpdate(r) => Update::Route(parse_route(r)?),
-            Payload::RouteRemove(r) => Update::RouteRemove(parse_cidr("route_remove.dst", &r.dst)?),
-            Payload::VtepUpdate(v) => parse_vtep(v)?,
+            Payload::RouteRemove(r) => {
+                Update::RouteRemove(parse_route_dst("route_remove.dst", &r.dst)?)
+            }
+            Payload::VtepUpdate(v) => Update::Vtep(parse_vtep(v)?),
             Payload::VtepRemove(v) => Update::VtepRemove(parse_node("vtep_remove.node", v.node)?),
         }))
     }
@@ -221,6 +240,21 @@ pub fn parse_cidr(field: &str, value: &str) -> Result<IpNetwork, Rejection> {
     let bad = || Rejection::bad_value(field, value, "not a CIDR (address/prefix length)");
     let net: IpNetwork = value.parse().map_err(|_| bad())?;
     IpNetwork::new(net.network(), net.prefix()).map_err(|_| bad())
+}
+
+/// A route's destination: a CIDR that is not a default route (prefix
+/// length 0), which would take every destination from the host's own
+/// routes.
+fn parse_route_dst(field: &str, value: &str) -> Result<IpNetwork, Rejection> {
+    let dst = parse_cidr(field, value)?;
+    if dst.prefix() == 0 {
+        return Err(Rejection::bad_value(
+            field,
+            value,
+            "a prefix length of 0 would take every destination; vxmgr never programs a default route",
+        ));
+    }
+    Ok(dst)
 }
 
 fn parse_ip(field: &str, value: &str, family: Option<Family>) -> Result<IpAddr, Rejection> {
@@ -244,7 +278,7 @@ fn parse_mac(field: &str, value: &str) -> Result<MacAddr, Rejection> {
 }
 
 fn parse_route(r: felix::RouteUpdate) -> Result<RouteIntent, Rejection> {
-    let dst = parse_cidr("route_update.dst", &r.dst)?;
+    let dst = parse_route_dst("route_update.dst", &r.dst)?;
     let node_ip = if r.dst_node_ip.is_empty() {
         None
     } else {
@@ -266,46 +300,52 @@ fn parse_route(r: felix::RouteUpdate) -> Result<RouteIntent, Rejection> {
     })
 }
 
-/// `Update::Vtep`, or `Update::InvalidVtep` when only the node name is good.
-fn parse_vtep(v: felix::VxlanTunnelEndpointUpdate) -> Result<Update, Rejection> {
-    let node = parse_node("vtep_update.node", v.node)?;
-    let families = parse_vtep_family(
-        Family::V4,
-        ("vtep_update.mac", &v.mac),
-        ("vtep_update.ipv4_addr", &v.ipv4_addr),
-        ("vtep_update.parent_device_ip", &v.parent_device_ip),
-    )
-    .and_then(|v4| {
-        let v6 = parse_vtep_family(
+/// A VTEP update is rejected as a whole only when its node name is bad;
+/// otherwise each family's part is checked on its own.
+fn parse_vtep(v: felix::VxlanTunnelEndpointUpdate) -> Result<VtepUpdate, Rejection> {
+    Ok(VtepUpdate {
+        node: parse_node("vtep_update.node", v.node)?,
+        v4: parse_vtep_part(
+            Family::V4,
+            ("vtep_update.mac", &v.mac),
+            ("vtep_update.ipv4_addr", &v.ipv4_addr),
+            ("vtep_update.parent_device_ip", &v.parent_device_ip),
+        ),
+        v6: parse_vtep_part(
             Family::V6,
             ("vtep_update.mac_v6", &v.mac_v6),
             ("vtep_update.ipv6_addr", &v.ipv6_addr),
             ("vtep_update.parent_device_ipv6", &v.parent_device_ipv6),
-        )?;
-        Ok((v4, v6))
-    });
-    Ok(match families {
-        Ok((v4, v6)) => Update::Vtep(VtepUpdate { node, v4, v6 }),
-        Err(rejection) => Update::InvalidVtep { node, rejection },
+        ),
     })
 }
 
 /// A family's part of a VTEP exists when its tunnel address is set; then its
 /// MAC and parent address must be valid too.
-fn parse_vtep_family(
+fn parse_vtep_part(
     family: Family,
     (mac_field, mac): (&str, &str),
     (ip_field, ip): (&str, &str),
     (parent_field, parent): (&str, &str),
-) -> Result<Option<VtepAddresses>, Rejection> {
+) -> Option<VtepPart> {
     if ip.is_empty() {
-        return Ok(None);
+        return None;
     }
-    Ok(Some(VtepAddresses {
-        mac: parse_mac(mac_field, mac)?,
-        tunnel_ip: parse_unicast_ip(ip_field, ip, family)?,
-        parent_ip: parse_unicast_ip(parent_field, parent, family)?,
-    }))
+    let tunnel_ip = parse_unicast_ip(ip_field, ip, family);
+    let addresses = parse_mac(mac_field, mac).and_then(|mac| {
+        Ok(VtepAddresses {
+            mac,
+            tunnel_ip: tunnel_ip.clone()?,
+            parent_ip: parse_unicast_ip(parent_field, parent, family)?,
+        })
+    });
+    Some(match addresses {
+        Ok(addresses) => VtepPart::Valid(addresses),
+        Err(rejection) => VtepPart::Invalid {
+            tunnel_ip: tunnel_ip.ok(),
+            rejection,
+        },
+    })
 }
 
 /// A VTEP address is one host's: the kernel would take an unspecified,
@@ -368,6 +408,14 @@ mod tests {
     }
 
     #[test]
+    fn a_route_of_prefix_length_zero_is_rejected() {
+        for dst in ["0.0.0.0/0", "10.1.2.3/0", "::/0"] {
+            let err = parse(Payload::RouteUpdate(route(dst))).unwrap_err();
+            assert!(err.0.contains("prefix length of 0"), "{dst}: {err}");
+        }
+    }
+
+    #[test]
     fn node_ip_must_match_dst_family() {
         let mut r = route("10.0.1.0/26");
         r.dst_node_ip = "fd00::1".into();
@@ -383,13 +431,25 @@ mod tests {
         );
     }
 
-    /// The rejection of a VTEP update for a named node.
-    fn vtep_rejection(v: felix::VxlanTunnelEndpointUpdate) -> Rejection {
-        let node = v.node.clone();
+    fn vtep_parts(v: felix::VxlanTunnelEndpointUpdate) -> [Option<VtepPart>; 2] {
         match parse(Payload::VtepUpdate(v)) {
-            Ok(Some(Update::InvalidVtep { node: n, rejection })) if n == node => rejection,
-            other => panic!("not an invalid VTEP of {node}: {other:?}"),
+            Ok(Some(Update::Vtep(u))) => [u.v4, u.v6],
+            other => panic!("not a VTEP update: {other:?}"),
         }
+    }
+
+    /// The rejection of the one invalid family part of a VTEP update.
+    fn vtep_rejection(v: felix::VxlanTunnelEndpointUpdate) -> Rejection {
+        let invalid: Vec<Rejection> = vtep_parts(v)
+            .into_iter()
+            .flatten()
+            .filter_map(|p| match p {
+                VtepPart::Invalid { rejection, .. } => Some(rejection),
+                VtepPart::Valid(_) => None,
+            })
+            .collect();
+        assert_eq!(invalid.len(), 1, "{invalid:?}");
+        invalid.into_iter().next().unwrap()
     }
 
     #[test]
@@ -414,6 +474,50 @@ mod tests {
         };
         let err = vtep_rejection(bad_v6);
         assert!(err.0.contains("vtep_update.mac_v6 \"not-a-mac\""), "{err}");
+    }
+
+    #[test]
+    fn each_family_part_stands_alone_and_a_bad_mac_keeps_the_tunnel_address() {
+        let v = felix::VxlanTunnelEndpointUpdate {
+            node: "n".into(),
+            mac: "66:aa:00:00:00:01".into(),
+            ipv4_addr: "10.0.0.1".into(),
+            parent_device_ip: "192.168.0.1".into(),
+            mac_v6: "not-a-mac".into(),
+            ipv6_addr: "fd00::1".into(),
+            parent_device_ipv6: "fd01::1".into(),
+        };
+        let [v4, v6] = vtep_parts(v.clone());
+        assert!(matches!(v4, Some(VtepPart::Valid(_))), "{v4:?}");
+        let Some(VtepPart::Invalid { tunnel_ip, .. }) = v6 else {
+            panic!("{v6:?}")
+        };
+        assert_eq!(tunnel_ip, Some("fd00::1".parse().unwrap()));
+
+        let bad_parent = felix::VxlanTunnelEndpointUpdate {
+            parent_device_ip: "nope".into(),
+            ..v.clone()
+        };
+        let [v4, _] = vtep_parts(bad_parent);
+        let Some(VtepPart::Invalid { tunnel_ip, .. }) = v4 else {
+            panic!("{v4:?}")
+        };
+        assert_eq!(tunnel_ip, Some("10.0.0.1".parse().unwrap()));
+
+        let bad_tunnel = felix::VxlanTunnelEndpointUpdate {
+            ipv4_addr: "10.0.0.300".into(),
+            ..v
+        };
+        let [v4, _] = vtep_parts(bad_tunnel);
+        let Some(VtepPart::Invalid {
+            tunnel_ip,
+            rejection,
+        }) = v4
+        else {
+            panic!("{v4:?}")
+        };
+        assert_eq!(tunnel_ip, None);
+        assert!(rejection.0.contains("\"10.0.0.300\""), "{rejection}");
     }
 
     #[test]

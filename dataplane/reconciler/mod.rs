@@ -2,7 +2,9 @@
 //! turns manager deltas into kernel operations, retries failures with
 //! backoff, and runs full resyncs from kernel dumps.
 
+pub mod census;
 mod device;
+mod host;
 mod nexthops;
 mod render;
 mod table;
@@ -18,14 +20,15 @@ use tracing::{debug, info, warn};
 use crate::config::DeviceNames;
 use crate::desired::{
     Delta, FdbEntry, FdbKey, IpsetMember, Neighbor, NexthopKey, ParentInterface, Route,
-    TunnelNexthop, VxlanDevice,
+    RouteTarget, TunnelNexthop, VxlanDevice,
 };
 use crate::kernel::objects::{
-    IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link, Notification,
-    Ownership,
+    ForeignRoute, IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link,
+    Notification, Ownership, TableRoute,
 };
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
+use host::HostView;
 use nexthops::NexthopIds;
 use table::{AnyTable, Effect, Plan, Programmable, RenderContext, Table};
 
@@ -85,9 +88,24 @@ pub struct Report {
     /// Objects the kernel refused because their interface is missing or
     /// down: they wait for it, they are not errors.
     pub waiting: u32,
+    /// Adds the kernel refused because something held the place: what
+    /// vxmgr knows of the kernel is out of date.
+    pub taken: u32,
 }
 
 impl Report {
+    /// Adds what another pass did.
+    pub fn merge(&mut self, other: Report) {
+        self.added += other.added;
+        self.changed += other.changed;
+        self.removed += other.removed;
+        self.errors.extend(other.errors);
+        self.parent_changes.extend(other.parent_changes);
+        self.operations += other.operations;
+        self.waiting += other.waiting;
+        self.taken += other.taken;
+    }
+
     fn count(&mut self, effect: Effect) {
         match effect {
             Effect::Added => self.added += 1,
@@ -123,9 +141,13 @@ pub struct Reconciler<B: KernelBackend> {
     backend: B,
     options: ReconcilerOptions,
     use_nexthops: bool,
-    route_protocol: u8,
     /// The devices of these names are ours (Felix's until a batch says otherwise).
     device_names: DeviceNames,
+    /// Which objects are ours; its protocol is the stream's route protocol,
+    /// its devices those `device_names` names.
+    ownership: Ownership,
+    /// The host's routes, addresses and gateways: ours keep out of their way.
+    host: HostView,
     /// After the stream's InSync: undeclared objects of ours are removed.
     sweep: bool,
     devices: [DeviceSlot; 2],
@@ -147,9 +169,6 @@ pub struct Reconciler<B: KernelBackend> {
     /// Resyncs that failed in a row.
     resync_failures: u32,
 }
-
-/// The protocol of routes the kernel makes itself.
-const RTPROT_KERNEL: u8 = 2;
 
 /// Interface indexes and nexthop ids as the reconciler knows them now.
 struct Context<'a> {
@@ -223,8 +242,9 @@ impl<B: KernelBackend> Reconciler<B> {
         let window = options.contest_window;
         Reconciler {
             backend,
-            route_protocol: options.route_protocol,
             device_names: DeviceNames::default(),
+            ownership: Ownership::of_vxmgr(options.route_protocol),
+            host: HostView::default(),
             options,
             use_nexthops,
             sweep: false,
@@ -310,10 +330,16 @@ impl<B: KernelBackend> Reconciler<B> {
                 self.nexthop_ids.release(&key);
             }
         }
-        delta
-            .routes
-            .into_iter()
-            .for_each(|c| self.routes.set_desired(c));
+        for change in delta.routes {
+            if let Some(Route {
+                target: RouteTarget::Direct { interface, .. },
+                ..
+            }) = &change.desired
+            {
+                self.claim_parent(interface.index);
+            }
+            self.routes.set_desired(change);
+        }
         delta
             .neighbors
             .into_iter()
@@ -323,25 +349,34 @@ impl<B: KernelBackend> Reconciler<B> {
             .ipset
             .into_iter()
             .for_each(|c| self.ipset.set_desired(c));
-        if request.route_protocol != self.route_protocol {
-            self.route_protocol = request.route_protocol;
+        let mut report = Report::default();
+        if self.ownership.set_protocol(request.route_protocol) {
+            info!(
+                protocol = request.route_protocol,
+                "route protocol changed: resyncing"
+            );
+            self.resync_due = Some(Instant::now());
         }
+        if request.device_names != self.device_names {
+            // Other devices are ours now: read what the kernel has of them
+            // before changing anything, so that what is already right stays.
+            info!(names = ?request.device_names, "VXLAN device names changed");
+            // Routes through the devices of the earlier names stay ours, to
+            // be moved onto the new devices (the devices themselves stay).
+            for name in Family::ALL.map(|f| request.device_names.of(f).to_string()) {
+                if !self.ownership.devices.contains(&name) {
+                    self.ownership.devices.push(name);
+                }
+            }
+            self.device_names = request.device_names;
+            self.resync_due = Some(Instant::now());
+        }
+        self.resync_if_due(&mut report).await;
         if request.in_sync && !self.sweep {
             info!("stream in sync: removing objects it did not declare");
             self.sweep = true;
             self.mark_stale();
         }
-        if request.device_names != self.device_names {
-            // Other devices are ours now: read what the kernel has of
-            // them before changing anything, so that what is already right
-            // stays (a failed read is retried, and this batch still goes in).
-            info!(names = ?request.device_names, "VXLAN device names changed");
-            self.device_names = request.device_names;
-            if let Ok(report) = self.resync().await {
-                return report;
-            }
-        }
-        let mut report = Report::default();
         self.pass(&mut report).await;
         report
     }
@@ -357,8 +392,28 @@ impl<B: KernelBackend> Reconciler<B> {
             self.devices[family as usize].wanted_parent_ip = parent_ips[family as usize];
             self.find_parent(family, &mut report).await;
         }
+        self.resync_if_due(&mut report).await;
         let parents = [0, 1].map(|i| self.devices[i].parent.clone());
         (report, parents)
+    }
+
+    /// Same-subnet routes on `index` are ours from now on: a resync is due
+    /// to see those the kernel already holds.
+    fn claim_parent(&mut self, index: u32) {
+        if !self.ownership.parents.contains(&index) {
+            self.ownership.parents.push(index);
+            self.resync_due = Some(Instant::now());
+        }
+    }
+
+    /// What is ours changed (a new parent, another protocol): the kernel is
+    /// read again before anything is programmed over what it holds.
+    async fn resync_if_due(&mut self, report: &mut Report) {
+        if self.resync_due.is_some_and(|at| at <= Instant::now())
+            && let Ok(resync) = self.resync().await
+        {
+            report.merge(resync);
+        }
     }
 
     /// Everything in the kernel that nothing wants is to be deleted.
@@ -382,13 +437,7 @@ impl<B: KernelBackend> Reconciler<B> {
     /// backoff (see `next_retry`).
     pub async fn resync(&mut self) -> Result<Report, KernelError> {
         let started = Instant::now();
-        let ownership = Ownership {
-            devices: Family::ALL
-                .map(|f| self.device_names.of(f).to_string())
-                .to_vec(),
-            ..Ownership::of_vxmgr(self.route_protocol)
-        };
-        let dumped = self.backend.dump(&ownership).await;
+        let dumped = self.backend.dump(&self.ownership).await;
         let state = match dumped {
             Ok(state) => state,
             Err(error) => {
@@ -411,6 +460,9 @@ impl<B: KernelBackend> Reconciler<B> {
                 .cloned();
             slot.dirty = true;
         }
+        let ours = self.device_indexes();
+        self.host.reset_routes(state.foreign_routes, &ours);
+        self.read_host_addresses(&mut report).await;
         let family_of = |index: u32| {
             state
                 .devices
@@ -423,7 +475,9 @@ impl<B: KernelBackend> Reconciler<B> {
                 })
         };
         // Nexthops first: routes render through the programmed ones.
-        let keyed = self.nexthop_ids.reset(state.nexthops);
+        let keyed = self
+            .nexthop_ids
+            .reset(state.nexthops, state.foreign_nexthops);
         let ctx = Context::new(&self.devices, &self.nexthop_ids, None, self.use_nexthops);
         self.nexthops.reset_actual(keyed, &ctx);
         let ids = &self.nexthop_ids;
@@ -484,8 +538,26 @@ impl<B: KernelBackend> Reconciler<B> {
             self.refresh_link(family, &mut report).await;
             self.devices[family as usize].dirty = true;
         }
+        self.read_host_addresses(&mut report).await;
         self.pass(&mut report).await;
         report
+    }
+
+    /// The interface indexes of our devices that exist.
+    fn device_indexes(&self) -> Vec<u32> {
+        let links = self.devices.iter().filter_map(|d| d.link.as_ref());
+        links.map(|l| l.index).collect()
+    }
+
+    /// Re-reads the host's addresses, which our routes must not capture.
+    async fn read_host_addresses(&mut self, report: &mut Report) {
+        match self.backend.addresses().await {
+            Ok(addresses) => {
+                let ours = self.device_indexes();
+                self.host.set_addresses(addresses, &ours);
+            }
+            Err(e) => report.fail("reading the host's addresses".to_string(), &e),
+        }
     }
 
     /// Retries failed objects whose backoff has passed, and repairs
@@ -542,6 +614,9 @@ impl<B: KernelBackend> Reconciler<B> {
             Some(parent) => !self.link_up(&parent.name, report).await,
             None => false,
         };
+        if let Some(parent) = &found {
+            self.claim_parent(parent.index);
+        }
         let slot = &mut self.devices[family as usize];
         if slot.parent != found {
             info!(%family, parent = ?found.as_ref().map(|p| &p.name), "parent interface changed");
@@ -610,18 +685,17 @@ impl<B: KernelBackend> Reconciler<B> {
             })
         };
         match notification {
-            Notification::Route(route) | Notification::RouteGone(route)
-                if !self.owns_route(&route) =>
-            {
-                false
+            Notification::Route(TableRoute::Shaped(route)) if self.owns_route(&route) => {
+                self.routes.observe(route.dst, Some(route), now)
             }
-            Notification::Route(route) => self.routes.observe(route.dst, Some(route), now),
-            Notification::RouteGone(route) => {
+            Notification::RouteGone(TableRoute::Shaped(route)) if self.owns_route(&route) => {
                 // Only the route we know going counts, not another one for the
                 // same destination.
                 self.routes.actual.get(&route.dst) == Some(&route)
                     && self.routes.observe(route.dst, None, now)
             }
+            Notification::Route(route) => self.host_route_appeared(foreign(route), now),
+            Notification::RouteGone(route) => self.host_route_gone(foreign(route)),
             Notification::Neighbor(n) => {
                 device_family(&self.devices, n.ifindex).is_some()
                     && self.neighbors.observe(n.address, Some(n), now)
@@ -680,18 +754,32 @@ impl<B: KernelBackend> Reconciler<B> {
         }
     }
 
-    /// Routes with our protocol, or through our devices, are ours; the
-    /// kernel's own routes on our devices (IPv6 link-local) are not.
+    /// Whether a route is ours (`Ownership::owns_route`).
     fn owns_route(&self, route: &KernelRoute) -> bool {
-        if route.protocol == self.route_protocol {
-            return true;
-        }
-        route.protocol != RTPROT_KERNEL
-            && route.ifindex().is_some_and(|index| {
-                self.devices
-                    .iter()
-                    .any(|d| d.link.as_ref().is_some_and(|l| l.index == index))
+        self.ownership
+            .owns_route(route, &self.device_indexes(), |id| {
+                self.nexthop_ids.is_ours(id)
             })
+    }
+
+    /// A route that is not ours appeared. If it took the place of one of
+    /// ours, ours is gone: vxmgr does not put it back over the other.
+    fn host_route_appeared(&mut self, route: ForeignRoute, now: Instant) -> bool {
+        let displaced =
+            route.takes_the_place_of_ours() && self.routes.actual.contains_key(&route.dst);
+        if displaced {
+            warn!(route = %route, "a route that is not vxmgr's took the place of one of vxmgr's");
+        }
+        let dst = route.dst;
+        self.host.route_appeared(route, &self.device_indexes());
+        displaced && self.routes.observe(dst, None, now)
+    }
+
+    /// A route that is not ours went: one of ours it held up goes in now.
+    fn host_route_gone(&mut self, route: ForeignRoute) -> bool {
+        self.host.route_gone(&route);
+        self.routes.recheck(&route.dst);
+        self.routes.desired.contains_key(&route.dst)
     }
 
     /// Repairs what notifications reported: a pass, after re-reading the
@@ -738,7 +826,7 @@ impl<B: KernelBackend> Reconciler<B> {
     /// order: devices, then what routes lean on (nexthops, neighbours, FDB),
     /// routes, the ipsets; deletes last, in reverse.
     async fn pass(&mut self, report: &mut Report) {
-        let waiting = report.waiting;
+        let (waiting, taken) = (report.waiting, report.taken);
         for family in Family::ALL {
             if self.devices[family as usize].dirty {
                 self.reconcile_device(family, report).await;
@@ -775,6 +863,7 @@ impl<B: KernelBackend> Reconciler<B> {
             self.use_nexthops,
         );
         let routes = self.routes.plan_upserts(&ctx);
+        let routes = host::keep_clear_of_host(routes, &self.host, &mut self.routes, report);
         execute(&mut self.backend, &mut self.routes, routes, report).await;
         self.sync_ipsets(report).await;
 
@@ -794,6 +883,12 @@ impl<B: KernelBackend> Reconciler<B> {
         let fdb = self.fdb.plan_deletes(self.sweep);
         execute(&mut self.backend, &mut self.neighbors, neighbors, report).await;
         execute(&mut self.backend, &mut self.fdb, fdb, report).await;
+        if report.taken > taken {
+            // Something of which vxmgr knew nothing holds a route's or a
+            // nexthop id's place: read the kernel again to see what it is.
+            info!("the kernel refused to add an object over another: resyncing");
+            self.resync_due = Some(Instant::now());
+        }
         if report.waiting > waiting {
             // An interface went missing or down since it was last read:
             // read them again, so that what goes through it waits.
@@ -913,43 +1008,38 @@ impl<B: KernelBackend> Reconciler<B> {
         }
     }
 
-    /// Makes one family's device match: create, recreate, fix up, or (after
-    /// InSync) delete.
+    /// Makes one family's device match: create, recreate or fix up. With no
+    /// device desired (no local VTEP or parent interface known) an existing
+    /// one is left as it is, sweep or not: Felix never deletes its device
+    /// for want of local information.
     async fn reconcile_device(&mut self, family: Family, report: &mut Report) {
         self.devices[family as usize].dirty = false;
         self.refresh_link(family, report).await;
-        let slot = &self.devices[family as usize];
-        let desired = slot.desired.clone();
-        let mut link = slot.link.clone();
-        let mut recreated = false;
-        if let Some(l) = &link {
-            let reason = match &desired {
-                Some(d) => device::recreate_reason(d, l),
-                None if self.sweep => Some("no VTEP for this node".into()),
-                None => None,
-            };
-            if let Some(reason) = reason {
-                info!(device = %l.name, %reason, "deleting device");
-                self.delete_device_dependents(l.index).await;
-                let op = KernelOp::DeleteLink {
-                    index: l.index,
-                    name: l.name.clone(),
-                };
-                if !self.device_op(family, op, report).await {
-                    return;
-                }
-                self.forget_device_objects(l.index);
-                self.devices[family as usize].link = None;
-                link = None;
-                recreated = desired.is_some();
-                if !recreated {
-                    report.count(Effect::Removed);
-                }
-            }
-        }
-        let Some(desired) = desired else {
+        let slot = &mut self.devices[family as usize];
+        let Some(desired) = slot.desired.clone() else {
+            // Nothing is tried, so nothing is failing.
+            slot.error = None;
             return;
         };
+        let mut link = slot.link.clone();
+        let mut recreated = false;
+        if let Some(l) = &link
+            && let Some(reason) = device::recreate_reason(&desired, l)
+        {
+            info!(device = %l.name, %reason, "deleting device");
+            self.delete_device_dependents(l.index).await;
+            let op = KernelOp::DeleteLink {
+                index: l.index,
+                name: l.name.clone(),
+            };
+            if !self.device_op(family, op, report).await {
+                return;
+            }
+            self.forget_device_objects(l.index);
+            self.devices[family as usize].link = None;
+            link = None;
+            recreated = true;
+        }
         if link.is_none() {
             let op = KernelOp::CreateVxlan(device::spec(&desired));
             if !self.device_op(family, op, report).await {
@@ -1109,11 +1199,24 @@ fn record<D: Programmable>(
                 }
             }
             Err(e) if e.is_missing_device() && p.after.is_some() => report.waiting += 1,
-            Err(e) => report.fail(table.describe(&p), e),
+            Err(e) => {
+                if p.effect == Effect::Added && e.errno == Some(libc::EEXIST) {
+                    report.taken += 1;
+                }
+                report.fail(table.describe(&p), e)
+            }
         }
         table.record(p, result, now);
     }
     removed
+}
+
+/// A route that is not ours, whatever its shape.
+fn foreign(route: TableRoute) -> ForeignRoute {
+    match route {
+        TableRoute::Shaped(r) => ForeignRoute::of_shape(&r),
+        TableRoute::Other(r) => r,
+    }
 }
 
 /// Deleting what is already gone succeeded.

@@ -13,7 +13,10 @@ const FIRST_ID: u32 = 0x7678_0000;
 #[derive(Default)]
 pub struct NexthopIds {
     by_key: HashMap<NexthopKey, u32>,
+    /// Ids of our nexthops: assigned ones and unclaimed kernel ones.
     in_use: HashSet<u32>,
+    /// Ids of other nexthops in the kernel: never taken.
+    foreign: HashSet<u32>,
     /// Our nexthops in the kernel that no node has claimed yet.
     unclaimed: HashMap<u32, KernelNexthop>,
     next: u32,
@@ -25,8 +28,24 @@ impl NexthopIds {
     }
 
     /// After a dump: nexthops already assigned keep their keys; the others
-    /// wait to be claimed. Returns the assigned ones, keyed.
-    pub fn reset(&mut self, dumped: Vec<KernelNexthop>) -> Vec<(NexthopKey, KernelNexthop)> {
+    /// wait to be claimed. A node whose id turns out to be another's
+    /// (`foreign`) loses it, to get a fresh one. Returns the assigned
+    /// nexthops, keyed.
+    pub fn reset(
+        &mut self,
+        dumped: Vec<KernelNexthop>,
+        foreign: Vec<u32>,
+    ) -> Vec<(NexthopKey, KernelNexthop)> {
+        self.foreign = foreign.into_iter().collect();
+        let taken = &self.foreign;
+        let in_use = &mut self.in_use;
+        self.by_key.retain(|_, id| {
+            let keep = !taken.contains(id);
+            if !keep {
+                in_use.remove(id);
+            }
+            keep
+        });
         let by_id: HashMap<u32, NexthopKey> =
             self.by_key.iter().map(|(k, id)| (*id, k.clone())).collect();
         self.unclaimed.clear();
@@ -41,6 +60,11 @@ impl NexthopIds {
             }
         }
         keyed
+    }
+
+    /// Whether `id` is one of our nexthops'.
+    pub fn is_ours(&self, id: u32) -> bool {
+        self.in_use.contains(&id)
     }
 
     /// An id for `nexthop`: one it already has, an unclaimed kernel nexthop
@@ -75,7 +99,7 @@ impl NexthopIds {
         loop {
             let id = FIRST_ID.wrapping_add(self.next);
             self.next = self.next.wrapping_add(1);
-            if id != 0 && self.in_use.insert(id) {
+            if id != 0 && !self.foreign.contains(&id) && self.in_use.insert(id) {
                 return id;
             }
         }

@@ -48,6 +48,10 @@ impl Programmable for Route {
         KernelOp::ReplaceRoute(*kernel)
     }
 
+    fn add_op(kernel: &KernelRoute) -> KernelOp {
+        KernelOp::AddRoute(*kernel)
+    }
+
     fn delete_op(kernel: &KernelRoute) -> KernelOp {
         KernelOp::DeleteRoute(*kernel)
     }
@@ -82,6 +86,10 @@ impl Programmable for TunnelNexthop {
 
     fn replace_op(kernel: &KernelNexthop) -> KernelOp {
         KernelOp::ReplaceNexthop(*kernel)
+    }
+
+    fn add_op(kernel: &KernelNexthop) -> KernelOp {
+        KernelOp::AddNexthop(*kernel)
     }
 
     fn delete_op(kernel: &KernelNexthop) -> KernelOp {

@@ -33,6 +33,12 @@ pub trait Programmable: Desired {
     /// The kernel form, or `None` while something it needs is missing.
     fn render(&self, ctx: &dyn RenderContext) -> Option<Self::Kernel>;
     fn replace_op(kernel: &Self::Kernel) -> KernelOp;
+    /// Creates the object where vxmgr has none; kinds whose kernel keys
+    /// others share (routes, nexthop ids) create so that the kernel refuses
+    /// to overwrite another's.
+    fn add_op(kernel: &Self::Kernel) -> KernelOp {
+        Self::replace_op(kernel)
+    }
     fn delete_op(kernel: &Self::Kernel) -> KernelOp;
     /// Objects are programmed in this order; the kernel may be much faster
     /// with some orders than others.
@@ -72,7 +78,7 @@ impl<D: Programmable> Default for Plan<D> {
 }
 
 impl<D: Programmable> Plan<D> {
-    fn push(&mut self, op: KernelOp, planned: Planned<D>) {
+    pub fn push(&mut self, op: KernelOp, planned: Planned<D>) {
         self.ops.push(op);
         self.entries.push(planned);
     }
@@ -365,6 +371,13 @@ impl<D: Programmable> Table<D> {
         failed.chain(backed_off).min()
     }
 
+    /// `key` is to be made right again now (what stood in its way is gone).
+    pub fn recheck(&mut self, key: &D::Key) {
+        if self.desired.contains_key(key) {
+            self.pending.insert(key.clone());
+        }
+    }
+
     /// Objects waiting for their interface are tried again.
     pub fn release_waiting(&mut self) {
         self.pending.extend(self.waiting.iter().cloned());
@@ -400,8 +413,12 @@ impl<D: Programmable> Table<D> {
                 Some(_) => Effect::Changed,
                 None => Effect::Added,
             };
+            let op = match effect {
+                Effect::Added => D::add_op(&kernel),
+                _ => D::replace_op(&kernel),
+            };
             plan.push(
-                D::replace_op(&kernel),
+                op,
                 Planned {
                     key,
                     effect,

@@ -2,6 +2,8 @@
 
 use std::time::{Duration, Instant};
 
+mod host;
+
 use super::*;
 use crate::config::Config;
 use crate::kernel::memory::MemoryBackend;
@@ -224,6 +226,40 @@ async fn a_new_stream_sweeps_exactly_the_stale_objects_after_its_in_sync() {
 }
 
 #[tokio::test]
+async fn the_device_stays_when_the_local_vtep_goes_or_a_stream_never_declares_it() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let device = |rig: &Rig| rig.kernel.lock().link_by_name("vxlan.calico").cloned();
+    let before = device(&rig).expect("device");
+    let routes = rig.routes();
+    rig.send(&[r#"{"vtepRemove": {"node": "node-a"}}"#]);
+    let report = rig.apply().await;
+    assert_eq!(report.operations, 0, "{report:?}");
+    let report = rig.reconciler.resync().await.unwrap();
+    assert_eq!(report.operations, 0, "a resync keeps it: {report:?}");
+
+    rig.new_stream();
+    rig.send(&CLUSTER[1..]);
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    assert_eq!(report.operations, 0, "the sweep keeps it: {report:?}");
+
+    let kernel = rig.kernel.clone();
+    drop(rig);
+    let mut restarted = Rig::new(kernel, NexthopMode::On).await;
+    restarted.send(&CLUSTER[1..]);
+    restarted.send(&[IN_SYNC]);
+    let report = restarted.apply().await;
+    assert_eq!(report.removed, 0, "after a restart too: {report:?}");
+    assert_eq!(device(&restarted), Some(before));
+    // Only their MTU may differ: without a local VTEP the parent interface,
+    // which the MTU follows, is unknown to a restarted daemon.
+    let destinations = |routes: Vec<String>| -> Vec<String> {
+        routes.iter().map(|r| r.replace(" mtu 1450", "")).collect()
+    };
+    assert_eq!(destinations(restarted.routes()), destinations(routes));
+}
+
+#[tokio::test]
 async fn a_vtep_address_change_is_one_nexthop_replace() {
     let mut rig = cluster_rig(NexthopMode::On).await;
     rig.kernel.lock().log.clear();
@@ -234,12 +270,13 @@ async fn a_vtep_address_change_is_one_nexthop_replace() {
     assert!(report.errors.is_empty(), "{report:?}");
     let log = rig.kernel.lock().log.clone();
     assert!(
-        !log.iter().any(|op| matches!(op, KernelOp::ReplaceRoute(_))),
+        !log.iter()
+            .any(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_))),
         "{log:#?}"
     );
     let nexthops: Vec<_> = log
         .iter()
-        .filter(|op| matches!(op, KernelOp::ReplaceNexthop(_)))
+        .filter(|op| matches!(op, KernelOp::AddNexthop(_) | KernelOp::ReplaceNexthop(_)))
         .collect();
     assert_eq!(nexthops.len(), 1, "{log:#?}");
 }
@@ -273,9 +310,9 @@ async fn device_drift_is_repaired_in_place() {
     {
         let mut k = rig.kernel.lock();
         let index = k.link_by_name("vxlan.calico").unwrap().index;
+        k.set_down(index).unwrap();
         let link = k.links.get_mut(&index).unwrap();
         link.mtu = 9000;
-        link.up = false;
         link.addresses.push("10.9.9.9/32".parse().unwrap());
         link.addresses.push("fe80::1/64".parse().unwrap());
     }
@@ -297,7 +334,7 @@ async fn a_failing_object_is_reported_retried_and_does_not_block_the_others() {
     let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
     let bad = "10.244.2.0/26".parse().unwrap();
     rig.kernel.inject_fault(
-        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == bad),
+        move |op| matches!(op, KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) if r.dst == bad),
         libc::EBUSY,
     );
     rig.send(CLUSTER);
@@ -408,10 +445,10 @@ async fn our_own_changes_echoed_back_are_not_drift() {
     let mut rig = cluster_rig(NexthopMode::On).await;
     let routes: Vec<KernelRoute> = rig.kernel.lock().routes.values().copied().collect();
     for route in routes {
-        assert!(
-            !rig.reconciler
-                .notice(Notification::Route(route), Instant::now())
-        );
+        assert!(!rig.reconciler.notice(
+            Notification::Route(TableRoute::Shaped(route)),
+            Instant::now()
+        ));
     }
     let foreign = KernelRoute {
         dst: "192.0.2.0/24".parse().unwrap(),
@@ -420,8 +457,10 @@ async fn our_own_changes_echoed_back_are_not_drift() {
         mtu: None,
     };
     assert!(
-        !rig.reconciler
-            .notice(Notification::Route(foreign), Instant::now()),
+        !rig.reconciler.notice(
+            Notification::Route(TableRoute::Shaped(foreign)),
+            Instant::now()
+        ),
         "routes of other protocols are not ours"
     );
 }
@@ -639,7 +678,7 @@ async fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it(
     assert!(rig.reconciler.failing().is_empty());
     let routes_tried = rig.kernel.lock().log[tried..]
         .iter()
-        .filter(|op| matches!(op, KernelOp::ReplaceRoute(_)))
+        .filter(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_)))
         .count();
     assert_eq!(routes_tried, 0, "nothing goes to a down interface");
 
@@ -656,7 +695,7 @@ async fn a_route_refused_for_a_down_interface_waits_for_it_without_retries() {
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
     // The parent is found up, then goes down before the route is added.
     rig.kernel.inject_fault(
-        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.ifindex() == Some(eth0)),
+        move |op| matches!(op, KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) if r.ifindex() == Some(eth0)),
         libc::ENETDOWN,
     );
     rig.send(SAME_SUBNET);

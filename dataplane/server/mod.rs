@@ -1,7 +1,7 @@
 //! The gRPC server on the unix socket: the Dataplane service (Sync,
 //! GetState), health and reflection (v1 and v1alpha).
 
-pub mod responses;
+pub mod authority;
 pub mod socket;
 pub mod state;
 
@@ -17,19 +17,20 @@ use tonic::transport::server::UdsConnectInfo;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{info, warn};
 
-use crate::daemon::engine::{EngineInput, StateQuery};
-use crate::wire::felix::ToDataplane;
+use crate::calc_source::recorder::Recorder;
+use crate::calc_source::responses::{self, Responses};
+use crate::calc_source::{EngineInput, Incoming, MESSAGE_CHUNK};
 use crate::wire::vxmgr::v1::dataplane_server::{Dataplane, DataplaneServer};
 use crate::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
-use crate::wire::{DESCRIPTOR_SET, MAX_MESSAGE_BYTES};
-use responses::Responses;
+use crate::wire::{DESCRIPTOR_SET, MAX_MESSAGE_BYTES, Received};
+
+/// A GetState request. Queries come on a channel of their own, so that they
+/// are answered even while the manager task waits for the kernel.
+pub type StateQuery = oneshot::Sender<DataplaneState>;
 
 /// Responses buffered for a stream before a client that does not read is
 /// considered stuck.
 pub const RESPONSE_BUFFER: usize = 4096;
-
-/// Most messages handed to the manager task at once.
-const MESSAGE_CHUNK: usize = 1024;
 
 pub struct DataplaneService {
     engine: mpsc::Sender<EngineInput>,
@@ -38,6 +39,9 @@ pub struct DataplaneService {
     active: Arc<Mutex<Option<String>>>,
     next_stream: AtomicU64,
     response_buffer: usize,
+    recorder: Recorder,
+    /// Why Sync is refused, when the calc stream comes from elsewhere.
+    sync_refused: Option<String>,
 }
 
 impl DataplaneService {
@@ -45,6 +49,8 @@ impl DataplaneService {
         engine: mpsc::Sender<EngineInput>,
         queries: mpsc::Sender<StateQuery>,
         response_buffer: usize,
+        recorder: Recorder,
+        sync_refused: Option<String>,
     ) -> DataplaneService {
         DataplaneService {
             engine,
@@ -52,6 +58,8 @@ impl DataplaneService {
             active: Arc::new(Mutex::new(None)),
             next_stream: AtomicU64::new(1),
             response_buffer,
+            recorder,
+            sync_refused,
         }
     }
 }
@@ -85,8 +93,11 @@ impl Dataplane for DataplaneService {
 
     async fn sync(
         &self,
-        request: Request<Streaming<ToDataplane>>,
+        request: Request<Streaming<Received>>,
     ) -> Result<Response<Self::SyncStream>, Status> {
+        if let Some(why) = &self.sync_refused {
+            return Err(Status::failed_precondition(why.clone()));
+        }
         let peer = describe_peer(&request);
         {
             let mut active = self.active.lock().unwrap_or_else(|e| e.into_inner());
@@ -116,6 +127,7 @@ impl Dataplane for DataplaneService {
         // them in: one hand-over per chunk, not per message.
         let mut inbound = request.into_inner().ready_chunks(MESSAGE_CHUNK);
         let mut cut = Box::pin(responder.cut());
+        let recorder = self.recorder.clone();
         tokio::spawn(async move {
             let _guard = guard;
             loop {
@@ -132,13 +144,17 @@ impl Dataplane for DataplaneService {
                 let mut failure = None;
                 for item in chunk {
                     match item {
-                        Ok(msg) => messages.push(msg),
+                        Ok(received) => {
+                            recorder.record(&received);
+                            messages.push(Incoming::from(received));
+                        }
                         Err(status) => {
-                            failure = Some(status);
+                            failure = Some(refusal(status));
                             break;
                         }
                     }
                 }
+                recorder.flush();
                 let input = EngineInput::Messages { id, messages };
                 if engine.send(input).await.is_err() {
                     break;
@@ -170,6 +186,21 @@ impl Dataplane for DataplaneService {
     }
 }
 
+/// What the client is told when its stream fails. tonic says OUT_OF_RANGE
+/// for a message over the size limit; gRPC's own word for it is
+/// RESOURCE_EXHAUSTED.
+fn refusal(status: Status) -> Status {
+    if status.code() == tonic::Code::OutOfRange {
+        Status::resource_exhausted(format!(
+            "{}: vxmgrd takes messages of up to {} MiB",
+            status.message(),
+            MAX_MESSAGE_BYTES >> 20
+        ))
+    } else {
+        status
+    }
+}
+
 /// Serves every service on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: UnixListener,
@@ -197,6 +228,10 @@ pub async fn serve(
         .add_service(health)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .serve_with_incoming_shutdown(socket::incoming(listener, allow_uids), shutdown)
+        .serve_with_incoming_shutdown(
+            socket::incoming(listener, allow_uids)
+                .map(|conn| conn.map(authority::AuthorityFixingStream::new)),
+            shutdown,
+        )
         .await
 }

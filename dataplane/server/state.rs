@@ -2,7 +2,7 @@
 //! grpcurl) can read.
 
 use crate::desired::RouteTarget;
-use crate::manager::{FamilySnapshot, Manager};
+use crate::manager::{FamilySnapshot, Manager, RemoteVtep};
 use crate::model::{Family, VtepAddresses};
 use crate::reconciler::ObjectError;
 use crate::wire::vxmgr::v1::{
@@ -41,6 +41,17 @@ fn vtep(node: &str, v: &VtepAddresses) -> Vtep {
     }
 }
 
+fn remote_vtep(node: &str, v: &RemoteVtep) -> Vtep {
+    match v {
+        RemoteVtep::Complete(v) => vtep(node, v),
+        RemoteVtep::TunnelOnly(ip) => Vtep {
+            node: node.to_string(),
+            tunnel_address: ip.to_string(),
+            ..Default::default()
+        },
+    }
+}
+
 fn family_state(family: Family, s: FamilySnapshot) -> FamilyState {
     let mut state = FamilyState {
         device: s.device.map(|d| Device {
@@ -54,13 +65,18 @@ fn family_state(family: Family, s: FamilySnapshot) -> FamilyState {
             address: d.address.to_string(),
         }),
         local_vtep: s.local_vtep.map(|(node, v)| vtep(&node, &v)),
-        remote_vteps: s.remote_vteps.iter().map(|(n, v)| vtep(n, v)).collect(),
+        remote_vteps: s
+            .remote_vteps
+            .iter()
+            .map(|(n, v)| remote_vtep(n, v))
+            .collect(),
         waiting_routes: s
             .waiting_routes
             .iter()
             .map(|w| WaitingRoute {
                 dst: w.dst.to_string(),
                 node: w.node.to_string(),
+                reason: w.reason.to_string(),
             })
             .collect(),
         neighbors: s

@@ -2,16 +2,10 @@
 //! descriptors (so enums may be given by name or number, and numbers outside
 //! an enum, like Felix's RouteType bitmaps, survive both ways).
 
-use std::sync::LazyLock;
-
 use prost::{Message, Name};
-use prost_reflect::{DescriptorPool, DeserializeOptions, DynamicMessage, SerializeOptions};
+use prost_reflect::{DeserializeOptions, DynamicMessage, SerializeOptions};
 
-use super::DESCRIPTOR_SET;
-
-static POOL: LazyLock<DescriptorPool> = LazyLock::new(|| {
-    DescriptorPool::decode(DESCRIPTOR_SET).expect("descriptor set built from proto/ is valid")
-});
+use super::descriptors;
 
 #[derive(Debug, thiserror::Error)]
 pub enum JsonError {
@@ -22,7 +16,8 @@ pub enum JsonError {
 }
 
 fn descriptor<M: Name>() -> prost_reflect::MessageDescriptor {
-    POOL.get_message_by_name(&M::full_name())
+    descriptors()
+        .get_message_by_name(&M::full_name())
         .expect("every generated message is in the descriptor set")
 }
 

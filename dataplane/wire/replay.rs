@@ -7,13 +7,12 @@ use std::fs::File;
 use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use prost::Message;
 
 use super::felix::ToDataplane;
-use super::{MAX_MESSAGE_BYTES, json};
-
-/// Frames larger than this are refused: the daemon would refuse the message.
-pub const MAX_FRAME: u64 = MAX_MESSAGE_BYTES as u64;
+use super::framing::{Frame, FrameError, FrameReader};
+use super::{MAX_MESSAGE_BYTES, Received, json};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ReplayFormat {
@@ -40,13 +39,9 @@ pub enum ReplayError {
         line: usize,
         message: String,
     },
-    #[error("{}: truncated frame at byte {offset}: {message}", path.display())]
-    Truncated {
-        path: PathBuf,
-        offset: u64,
-        message: String,
-    },
-    #[error("{}: frame at byte {offset} is {len} bytes, over the {MAX_FRAME}-byte limit", path.display())]
+    #[error("{}: {source}", path.display())]
+    Frame { path: PathBuf, source: FrameError },
+    #[error("{}: frame at byte {offset} is {len} bytes, over the {MAX_MESSAGE_BYTES}-byte limit", path.display())]
     TooLarge {
         path: PathBuf,
         offset: u64,
@@ -62,12 +57,32 @@ pub enum ReplayError {
 
 /// Reads every message of a replay file.
 pub fn read_file(path: &Path) -> Result<Vec<ToDataplane>, ReplayError> {
-    let io_err = |source| ReplayError::Io {
+    read(path, ReplayFormat::for_path(path), open(path)?)
+}
+
+/// Every message of a replay file as bytes to send: a Felix-framed file's
+/// frames as they are (unknown fields and kinds, and messages that do not
+/// decode, included), a JSON lines file's messages encoded.
+pub fn read_file_bytes(path: &Path) -> Result<Vec<Bytes>, ReplayError> {
+    let reader = open(path)?;
+    match ReplayFormat::for_path(path) {
+        ReplayFormat::Jsonl => Ok(read_jsonl(path, reader)?
+            .iter()
+            .map(|m| m.encode_to_vec().into())
+            .collect()),
+        ReplayFormat::Framed => Ok(read_frames(path, reader)?
+            .into_iter()
+            .map(|(_, body)| body.into())
+            .collect()),
+    }
+}
+
+fn open(path: &Path) -> Result<BufReader<File>, ReplayError> {
+    let file = File::open(path).map_err(|source| ReplayError::Io {
         path: path.to_path_buf(),
         source,
-    };
-    let file = File::open(path).map_err(io_err)?;
-    read(path, ReplayFormat::for_path(path), BufReader::new(file))
+    })?;
+    Ok(BufReader::new(file))
 }
 
 /// Reads every message from `reader`; errors name `path`.
@@ -78,7 +93,16 @@ pub fn read(
 ) -> Result<Vec<ToDataplane>, ReplayError> {
     match format {
         ReplayFormat::Jsonl => read_jsonl(path, reader),
-        ReplayFormat::Framed => read_framed(path, reader),
+        ReplayFormat::Framed => read_frames(path, reader)?
+            .into_iter()
+            .map(|(offset, body)| {
+                ToDataplane::decode(body.as_slice()).map_err(|source| ReplayError::Decode {
+                    path: path.to_path_buf(),
+                    offset,
+                    source,
+                })
+            })
+            .collect(),
     }
 }
 
@@ -103,73 +127,29 @@ fn read_jsonl(path: &Path, reader: impl BufRead) -> Result<Vec<ToDataplane>, Rep
     Ok(messages)
 }
 
-fn read_framed(path: &Path, mut reader: impl Read) -> Result<Vec<ToDataplane>, ReplayError> {
-    let mut messages = Vec::new();
-    let mut offset = 0u64;
+/// Every frame's body with its offset in the file.
+fn read_frames(path: &Path, reader: impl Read) -> Result<Vec<(u64, Vec<u8>)>, ReplayError> {
+    let mut frames = Vec::new();
+    let mut reader = FrameReader::new(reader, MAX_MESSAGE_BYTES);
     loop {
-        let mut header = [0u8; 8];
-        let got = read_up_to(&mut reader, &mut header).map_err(|source| ReplayError::Io {
+        let offset = reader.offset();
+        let frame = reader.next_frame().map_err(|source| ReplayError::Frame {
             path: path.to_path_buf(),
             source,
         })?;
-        match got {
-            0 => return Ok(messages),
-            8 => {}
-            n => {
-                return Err(ReplayError::Truncated {
+        match frame {
+            None => return Ok(frames),
+            Some(Frame::Whole(body)) => frames.push((offset, body)),
+            // The daemon would refuse it.
+            Some(Frame::Oversized(len)) => {
+                return Err(ReplayError::TooLarge {
                     path: path.to_path_buf(),
                     offset,
-                    message: format!("{n} of the 8 length bytes"),
+                    len,
                 });
             }
         }
-        let len = u64::from_le_bytes(header);
-        if len > MAX_FRAME {
-            return Err(ReplayError::TooLarge {
-                path: path.to_path_buf(),
-                offset,
-                len,
-            });
-        }
-        // The body grows as its bytes arrive: a length prefix alone,
-        // however large, allocates nothing.
-        let mut body = Vec::new();
-        let got = (&mut reader)
-            .take(len)
-            .read_to_end(&mut body)
-            .map_err(|source| ReplayError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        if (got as u64) < len {
-            return Err(ReplayError::Truncated {
-                path: path.to_path_buf(),
-                offset,
-                message: format!("length says {len} bytes, {got} remain"),
-            });
-        }
-        let msg = ToDataplane::decode(body.as_slice()).map_err(|source| ReplayError::Decode {
-            path: path.to_path_buf(),
-            offset,
-            source,
-        })?;
-        messages.push(msg);
-        offset += 8 + len;
     }
-}
-
-/// Fills `buf` as far as the input goes; returns how much was read.
-fn read_up_to(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        match reader.read(&mut buf[filled..]) {
-            Ok(0) => break,
-            Ok(n) => filled += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(filled)
 }
 
 /// Writes messages in a replay format.
@@ -193,13 +173,21 @@ impl<W: Write> ReplayWriter<W> {
         ReplayWriter { out, format }
     }
 
-    pub fn write(&mut self, msg: &ToDataplane) -> io::Result<()> {
-        match self.format {
-            ReplayFormat::Jsonl => writeln!(self.out, "{}", json::to_line(msg)),
-            ReplayFormat::Framed => {
-                let body = msg.encode_to_vec();
+    /// Felix framing holds the bytes as received; a JSON line holds what
+    /// they decode to (kinds and fields vxmgr does not know are left out),
+    /// and a message that does not decode is a comment.
+    pub fn write(&mut self, received: &Received) -> io::Result<()> {
+        match (self.format, &received.message) {
+            (ReplayFormat::Jsonl, Ok(msg)) => writeln!(self.out, "{}", json::to_line(msg)),
+            (ReplayFormat::Jsonl, Err(e)) => writeln!(
+                self.out,
+                "# a message of {} bytes that does not decode: {e}",
+                received.bytes.len()
+            ),
+            (ReplayFormat::Framed, _) => {
+                let body = &received.bytes;
                 self.out.write_all(&(body.len() as u64).to_le_bytes())?;
-                self.out.write_all(&body)
+                self.out.write_all(body)
             }
         }
     }
@@ -232,19 +220,64 @@ mod tests {
     fn write_all(format: ReplayFormat) -> Vec<u8> {
         let mut w = ReplayWriter::new(Vec::new(), format);
         for m in sample() {
-            w.write(&m).unwrap();
+            w.write(&Received::encode(&m)).unwrap();
         }
         w.out
+    }
+
+    fn read_framed(path: &Path, data: &[u8]) -> Result<Vec<ToDataplane>, ReplayError> {
+        read(path, ReplayFormat::Framed, data)
     }
 
     #[test]
     fn both_formats_round_trip() {
         let path = Path::new("mem");
         let framed = write_all(ReplayFormat::Framed);
-        assert_eq!(read_framed(path, framed.as_slice()).unwrap(), sample());
+        assert_eq!(read_framed(path, &framed).unwrap(), sample());
         let jsonl = write_all(ReplayFormat::Jsonl);
         let text = format!("# a comment\n\n{}", String::from_utf8(jsonl).unwrap());
         assert_eq!(read_jsonl(path, text.as_bytes()).unwrap(), sample());
+    }
+
+    #[test]
+    fn framed_records_and_reads_keep_the_bytes_as_received() {
+        // A RouteRemove with a field vxmgr does not know (99), then a frame
+        // that does not decode.
+        let mut known = ToDataplane {
+            sequence_number: 4,
+            ..sample()[0].clone()
+        }
+        .encode_to_vec();
+        prost::encoding::string::encode(99, &"later".to_string(), &mut known);
+        let received = [
+            Received::new(known.clone().into()),
+            Received::new(vec![0xff, 0xff].into()),
+        ];
+        assert!(received[0].message.is_ok() && received[1].message.is_err());
+        let mut w = ReplayWriter::new(Vec::new(), ReplayFormat::Framed);
+        for r in &received {
+            w.write(r).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("capture.bin");
+        std::fs::write(&path, &w.out).unwrap();
+        let bytes = read_file_bytes(&path).unwrap();
+        assert_eq!(bytes, [known.as_slice(), &[0xff, 0xff]]);
+        let mut jsonl = ReplayWriter::new(Vec::new(), ReplayFormat::Jsonl);
+        for r in &received {
+            jsonl.write(r).unwrap();
+        }
+        let text = String::from_utf8(jsonl.out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[1].starts_with("# a message of 2 bytes that does not decode: "),
+            "{text}"
+        );
+        let decoded = received[0].message.clone().unwrap();
+        assert_eq!(
+            read(&path, ReplayFormat::Jsonl, text.as_bytes()).unwrap(),
+            [decoded]
+        );
     }
 
     #[test]
@@ -262,19 +295,19 @@ mod tests {
         assert!(err.to_string().contains("truncated frame at byte"), "{err}");
         let err = read_framed(Path::new("cap.bin"), &framed[..3]).unwrap_err();
         assert!(err.to_string().contains("3 of the 8 length bytes"), "{err}");
-        let huge = (MAX_FRAME + 1).to_le_bytes();
-        let err = read_framed(Path::new("cap.bin"), huge.as_slice()).unwrap_err();
+        let huge = (MAX_MESSAGE_BYTES as u64 + 1).to_le_bytes();
+        let err = read_framed(Path::new("cap.bin"), &huge).unwrap_err();
         assert!(err.to_string().contains("over the"), "{err}");
     }
 
     #[test]
     fn a_length_prefix_beyond_the_input_is_truncated_not_read() {
-        let mut claim = MAX_FRAME.to_le_bytes().to_vec();
+        let mut claim = (MAX_MESSAGE_BYTES as u64).to_le_bytes().to_vec();
         claim.extend_from_slice(&[0x7a; 10]);
-        let err = read_framed(Path::new("cap.bin"), claim.as_slice()).unwrap_err();
+        let err = read_framed(Path::new("cap.bin"), &claim).unwrap_err();
         assert!(
             err.to_string()
-                .contains("truncated frame at byte 0: length says 4194304 bytes, 10 remain"),
+                .contains("truncated frame at byte 0: length says 67108864 bytes, 10 remain"),
             "{err}"
         );
     }

@@ -2,7 +2,7 @@
 //! skip without them, unless required (`VXMGR_REQUIRE_NETNS=1`,
 //! `VXMGR_REQUIRE_ETCD=1`), and the cluster with this build's binaries.
 
-use vxmgr::testbed::{FlannelCluster, etcd};
+use super::testbed::{FlannelCluster, etcd};
 
 use super::netns::{binaries, can_run as netns_can_run};
 use super::say;

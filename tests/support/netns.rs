@@ -5,9 +5,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use vxmgr::model::Family;
-use vxmgr::testbed::{self, Binaries, Census, Cluster, churn};
 use vxmgr::wire::felix::ToDataplane;
 
+use super::testbed::{self, Binaries, Census, Cluster, churn};
 use super::{CALC_STUB, VXMGRD, say};
 
 /// `VXMGR_REQUIRE_NETNS=1`: what a namespace test needs is required, and

@@ -9,18 +9,12 @@ use ipnetwork::IpNetwork;
 use rtnetlink::packet_core::NLM_F_CREATE;
 
 use super::ipset_message::{IpsetCommand, IpsetMessage, error_text};
+use super::ipset_spec::{ExistingSet, MAX_ELEMENTS, SET_TYPE};
 use super::{MAX_IN_FLIGHT, NetlinkBackend, ipset_restore};
 use crate::kernel::KernelError;
 use crate::kernel::objects::IpsetChange;
 use crate::model::Family;
 use tracing::info;
-
-/// The type of vxmgr's sets: members are addresses and prefixes.
-pub(super) const SET_TYPE: &str = "hash:net";
-
-/// Felix's set size: a set refuses members beyond its maxelem, and
-/// creating a set that exists only succeeds when it has the same one.
-pub(super) const MAX_ELEMENTS: u32 = 1_048_576;
 
 /// The newest hash:net revision `ipset` 7.x knows: a set of a newer one
 /// (from a newer kernel) could not be listed, saved or replaced with it.
@@ -205,17 +199,6 @@ impl NetlinkBackend {
         }
         Ok(found)
     }
-}
-
-/// What a set of vxmgr's name is in the kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum ExistingSet {
-    Missing,
-    /// Of vxmgr's type and family.
-    Ours,
-    /// Of another type or family: it cannot take vxmgr's members, nor be
-    /// swapped with a set of vxmgr's.
-    Other,
 }
 
 /// What the header in a list or header answer says of the set.

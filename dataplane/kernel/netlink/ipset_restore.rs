@@ -9,7 +9,7 @@ use ipnetwork::IpNetwork;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use super::ipset::{ExistingSet, MAX_ELEMENTS, SET_TYPE};
+use super::ipset_spec::{ExistingSet, MAX_ELEMENTS, SET_TYPE};
 use crate::kernel::KernelError;
 use crate::model::Family;
 

@@ -185,6 +185,23 @@ impl NetlinkBackend {
     }
 }
 
+impl NetlinkBackend {
+    /// Every interface's addresses, by interface index.
+    pub(super) async fn all_addresses(&self) -> Result<Vec<(u32, IpAddr)>, KernelError> {
+        let replies = self
+            .address_dumps
+            .dump(RouteNetlinkMessage::GetAddress(AddressMessage::default()))
+            .await?;
+        Ok(replies
+            .iter()
+            .filter_map(|reply| match reply {
+                RouteNetlinkMessage::NewAddress(m) => Some((m.header.index, address_ip(m)?)),
+                _ => None,
+            })
+            .collect())
+    }
+}
+
 fn address_message(index: u32, address: IpNetwork) -> AddressMessage {
     match address {
         IpNetwork::V4(net) => AddressMessageBuilder::<Ipv4Addr>::new()

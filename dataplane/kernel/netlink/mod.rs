@@ -14,6 +14,7 @@ mod ethtool;
 mod ipset;
 mod ipset_message;
 mod ipset_restore;
+mod ipset_spec;
 mod link;
 mod neighbour;
 mod nexthop;
@@ -94,8 +95,10 @@ impl NetlinkBackend {
                 .ethtool
                 .set_tx_checksum(name, false)
                 .map_err(|e| io_error(&e)),
+            KernelOp::AddNexthop(nexthop) => self.add_nexthop(nexthop).await,
             KernelOp::ReplaceNexthop(nexthop) => self.replace_nexthop(nexthop).await,
             KernelOp::DeleteNexthop(nexthop) => self.delete_nexthop(nexthop.id).await,
+            KernelOp::AddRoute(route) => self.add_route(route).await,
             KernelOp::ReplaceRoute(route) => self.replace_route(route).await,
             KernelOp::DeleteRoute(route) => self.delete_route(route).await,
             KernelOp::ReplaceNeighbor(neighbor) => self.replace_neighbor(neighbor).await,
@@ -126,20 +129,22 @@ impl KernelBackend for NetlinkBackend {
         // All at once, the largest first: they take the dump sockets in
         // the order they ask for them; the ipset socket works alongside.
         let (routes, nexthops, neighbors, fdb, ipsets) = futures::try_join!(
-            self.dump_routes(ownership.protocol, &indexes),
-            self.dump_nexthops(ownership.protocol),
+            self.dump_routes(),
+            self.dump_nexthops(),
             self.dump_neighbors(&indexes),
             self.dump_fdb(&indexes),
             self.dump_ipsets(&ownership.ipsets),
         )?;
         Ok(KernelState {
-            devices,
-            routes,
-            nexthops,
             neighbors,
             fdb,
             ipsets,
+            ..ownership.sort_out(devices, routes, nexthops)
         })
+    }
+
+    async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {
+        self.all_addresses().await
     }
 
     async fn links(&mut self, names: &[String]) -> Result<Vec<Link>, KernelError> {

@@ -6,19 +6,21 @@
 use std::net::IpAddr;
 
 use rtnetlink::packet_core::{
-    DecodeError, Emitable, NLM_F_CREATE, NLM_F_REPLACE, NetlinkDeserializable, NetlinkHeader,
-    NetlinkSerializable, Nla,
+    DecodeError, Emitable, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NetlinkDeserializable,
+    NetlinkHeader, NetlinkSerializable, Nla,
 };
 
 use super::{NetlinkBackend, raw};
 use crate::kernel::KernelError;
-use crate::kernel::objects::KernelNexthop;
+use crate::kernel::objects::{DumpedNexthop, KernelNexthop};
 
 const RTM_NEWNEXTHOP: u16 = 104;
 const RTM_DELNEXTHOP: u16 = 105;
 const RTM_GETNEXTHOP: u16 = 106;
 
 const NHA_ID: u16 = 1;
+const NHA_GROUP: u16 = 2;
+const NHA_BLACKHOLE: u16 = 3;
 const NHA_OIF: u16 = 5;
 const NHA_GATEWAY: u16 = 6;
 
@@ -98,27 +100,33 @@ impl NexthopMessage {
 }
 
 /// The nexthop in an RTM_NEWNEXTHOP payload (struct nhmsg and its
-/// attributes), if it has the shape vxmgr programs: a single gateway on an
-/// interface (not a group or a blackhole).
-fn parse_nexthop(payload: &[u8]) -> Option<KernelNexthop> {
+/// attributes): a single gateway on an interface (vxmgr's shape) or, for a
+/// group, a blackhole and the like, its id alone; `None` when malformed.
+fn parse_nexthop(payload: &[u8]) -> Option<DumpedNexthop> {
     // struct nhmsg { family, scope, protocol, resvd: u8; flags: u32 }
     let protocol = payload.get(..HEADER_LEN)?[2];
     let mut id = None;
     let mut ifindex = None;
     let mut gateway = None;
+    let mut other = false;
     for attribute in raw::attributes(&payload[HEADER_LEN..]) {
         match attribute.ok()? {
             (NHA_ID, value) => id = Some(raw::u32_value(value)?),
             (NHA_OIF, value) => ifindex = Some(raw::u32_value(value)?),
             (NHA_GATEWAY, value) => gateway = Some(raw::ip_value(value)?),
+            (NHA_GROUP | NHA_BLACKHOLE, _) => other = true,
             _ => {}
         }
     }
-    Some(KernelNexthop {
-        id: id?,
-        gateway: gateway?,
-        ifindex: ifindex?,
-        protocol,
+    let id = id?;
+    Some(match (gateway, ifindex) {
+        (Some(gateway), Some(ifindex)) if !other => DumpedNexthop::Single(KernelNexthop {
+            id,
+            gateway,
+            ifindex,
+            protocol,
+        }),
+        _ => DumpedNexthop::Other(id),
     })
 }
 
@@ -187,13 +195,21 @@ impl NetlinkDeserializable for NexthopMessage {
 }
 
 impl NetlinkBackend {
+    /// Creates a nexthop; the kernel refuses (EEXIST) if its id is taken.
+    pub(super) async fn add_nexthop(&self, nexthop: &KernelNexthop) -> Result<(), KernelError> {
+        self.new_nexthop(nexthop, NLM_F_CREATE | NLM_F_EXCL).await
+    }
+
+    /// Replaces one of vxmgr's nexthops.
     pub(super) async fn replace_nexthop(&self, nexthop: &KernelNexthop) -> Result<(), KernelError> {
+        self.new_nexthop(nexthop, NLM_F_CREATE | NLM_F_REPLACE)
+            .await
+    }
+
+    async fn new_nexthop(&self, nexthop: &KernelNexthop, flags: u16) -> Result<(), KernelError> {
         let result = self
             .nexthops
-            .request(
-                NexthopMessage::replace(nexthop),
-                NLM_F_CREATE | NLM_F_REPLACE,
-            )
+            .request(NexthopMessage::replace(nexthop), flags)
             .await;
         match result {
             Ok(_) => Ok(()),
@@ -214,14 +230,12 @@ impl NetlinkBackend {
             .map(drop)
     }
 
-    /// Our nexthops: those with our protocol.
-    pub(super) async fn dump_nexthops(
-        &self,
-        protocol: u8,
-    ) -> Result<Vec<KernelNexthop>, KernelError> {
+    /// Every nexthop: whose each one is, the caller decides
+    /// (`Ownership::sort_out`).
+    pub(super) async fn dump_nexthops(&self) -> Result<Vec<DumpedNexthop>, KernelError> {
         self.dumps
-            .dump(NexthopMessage::dump(), move |message| {
-                parse_nexthop(message.of_type(RTM_NEWNEXTHOP)?).filter(|n| n.protocol == protocol)
+            .dump(NexthopMessage::dump(), |message| {
+                parse_nexthop(message.of_type(RTM_NEWNEXTHOP)?)
             })
             .await
     }
@@ -258,7 +272,10 @@ mod tests {
             };
             let message = NexthopMessage::replace(&nexthop);
             assert_eq!(message.flags, RTNH_F_ONLINK);
-            assert_eq!(parse_nexthop(&payload(&message)), Some(nexthop));
+            assert_eq!(
+                parse_nexthop(&payload(&message)),
+                Some(DumpedNexthop::Single(nexthop))
+            );
         }
     }
 
@@ -281,16 +298,14 @@ mod tests {
     }
 
     #[test]
-    fn blackhole_and_group_nexthops_are_not_ours_to_parse() {
-        const NHA_GROUP: u16 = 2;
-        const NHA_BLACKHOLE: u16 = 3;
+    fn blackhole_and_group_nexthops_are_known_by_their_id_alone() {
         let mut blackhole = vec![libc::AF_INET as u8, 0, 80, 0, 0, 0, 0, 0];
         blackhole.extend(attribute(NHA_ID, &5u32.to_ne_bytes()));
         blackhole.extend(attribute(NHA_BLACKHOLE, &[]));
-        assert_eq!(parse_nexthop(&blackhole), None);
+        assert_eq!(parse_nexthop(&blackhole), Some(DumpedNexthop::Other(5)));
         let mut group = vec![0, 0, 80, 0, 0, 0, 0, 0];
         group.extend(attribute(NHA_ID, &6u32.to_ne_bytes()));
         group.extend(attribute(NHA_GROUP, &[5, 0, 0, 0, 0, 0, 0, 0]));
-        assert_eq!(parse_nexthop(&group), None);
+        assert_eq!(parse_nexthop(&group), Some(DumpedNexthop::Other(6)));
     }
 }

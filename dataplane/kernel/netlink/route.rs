@@ -9,12 +9,14 @@ use netlink_packet_route::route::{
     RouteType,
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
-use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_REPLACE};
+use rtnetlink::packet_core::{NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE};
 
 use super::NetlinkBackend;
 use super::raw::{self, AF_INET, AF_INET6};
 use crate::kernel::KernelError;
-use crate::kernel::objects::{KernelRoute, KernelRouteVia};
+use crate::kernel::objects::{
+    ForeignRoute, KernelRoute, KernelRouteVia, TableRoute, default_metric,
+};
 
 // From linux/rtnetlink.h.
 pub(super) const RTM_NEWROUTE: u16 = 24;
@@ -23,16 +25,43 @@ pub(super) const RTM_DELROUTE: u16 = 25;
 const RTMSG_LEN: usize = 12;
 const RTN_UNICAST: u8 = 1;
 const RTN_BLACKHOLE: u8 = 6;
-const RTPROT_KERNEL: u8 = 2;
 const RTA_DST: u16 = 1;
 const RTA_OIF: u16 = 4;
 const RTA_GATEWAY: u16 = 5;
+const RTA_PRIORITY: u16 = 6;
 const RTA_METRICS: u16 = 8;
+const RTA_MULTIPATH: u16 = 9;
+/// `RTNH_F_ONLINK`, in struct rtmsg's flags.
+const RTNH_F_ONLINK: u32 = 4;
+/// Length of struct rtnexthop, which starts each path of RTA_MULTIPATH.
+const RTNEXTHOP_LEN: usize = 8;
 const RTA_TABLE: u16 = 15;
 const RTA_NH_ID: u16 = 30;
 const RTAX_MTU: u16 = 2;
 
 impl NetlinkBackend {
+    /// `ip route add`: the kernel refuses it (EEXIST) when another route
+    /// holds the place, and vxmgr never overwrites a route it does not own.
+    pub(super) async fn add_route(&self, route: &KernelRoute) -> Result<(), KernelError> {
+        let result = self
+            .change(
+                RouteNetlinkMessage::NewRoute(route_message(route)),
+                NLM_F_CREATE | NLM_F_EXCL,
+            )
+            .await;
+        match result {
+            Err(e) if e.errno == Some(libc::EEXIST) => Err(KernelError {
+                errno: e.errno,
+                message: format!(
+                    "another route to {} is in the kernel, and vxmgr does not own it",
+                    route.dst
+                ),
+            }),
+            other => other,
+        }
+    }
+
+    /// `ip route replace` of one of vxmgr's routes.
     pub(super) async fn replace_route(&self, route: &KernelRoute) -> Result<(), KernelError> {
         self.change(
             RouteNetlinkMessage::NewRoute(route_message(route)),
@@ -46,30 +75,14 @@ impl NetlinkBackend {
             .await
     }
 
-    /// Main-table routes with our protocol or through one of our devices,
-    /// leaving out those the kernel makes for addresses and links (such as
-    /// `fe80::/64` on every IPv6 device): they are the kernel's. All the
-    /// dumps run at once.
-    /// Our routes: those with our protocol, and those through our devices
-    /// (less the kernel's own). One dump of the main table per family,
-    /// filtered here: the kernel can filter a dump by protocol or by device
-    /// but not by either, and a dump of each would have it write every one
-    /// of our routes twice, which is most of a resync's cost.
-    pub(super) async fn dump_routes(
-        &self,
-        protocol: u8,
-        devices: &[u32],
-    ) -> Result<Vec<KernelRoute>, KernelError> {
+    /// Every main-table route, both families at once: whose each one is,
+    /// the caller decides (`Ownership::sort_out`). One dump per family
+    /// serves both ours and the host's, which vxmgr keeps out of the way of.
+    pub(super) async fn dump_routes(&self) -> Result<Vec<TableRoute>, KernelError> {
         let dumps = [AddressFamily::Inet, AddressFamily::Inet6].map(|family| {
-            let devices = devices.to_vec();
-            let ours = move |route: &KernelRoute| {
-                route.protocol == protocol
-                    || (route.protocol != RTPROT_KERNEL
-                        && route.ifindex().is_some_and(|i| devices.contains(&i)))
-            };
             self.dumps.dump(
                 RouteNetlinkMessage::GetRoute(dump_filter(family)),
-                move |message| parse_route(message.of_type(RTM_NEWROUTE)?).filter(&ours),
+                |message| parse_route(message.of_type(RTM_NEWROUTE)?),
             )
         });
         let [v4, v6] = dumps;
@@ -114,6 +127,10 @@ fn route_message(route: &KernelRoute) -> RouteMessage {
         }
         KernelRouteVia::Blackhole => message.header.kind = RouteType::BlackHole,
     }
+    // Explicit, so that a delete matches this metric's route only.
+    message
+        .attributes
+        .push(RouteAttribute::Priority(default_metric(&route.dst)));
     if let Some(mtu) = route.mtu {
         message
             .attributes
@@ -147,22 +164,25 @@ fn dump_filter(family: AddressFamily) -> RouteMessage {
     message
 }
 
-/// The route in an RTM_NEWROUTE or RTM_DELROUTE payload (struct rtmsg and
-/// its attributes) in the form vxmgr renders it, or `None` for a route of
-/// another table or of a shape vxmgr never programs (multipath,
-/// unreachable and the like). A route through a nexthop also reports that
+/// The main-table route in an RTM_NEWROUTE or RTM_DELROUTE payload (struct
+/// rtmsg and its attributes): in the form vxmgr renders it when it has one
+/// of vxmgr's shapes, else as a foreign route; `None` for another table or
+/// a malformed message. A route through a nexthop also reports that
 /// nexthop's gateway and device (unless the kernel's nexthop_compat_mode
 /// is off), and an IPv6 blackhole reports the loopback device: neither
 /// changes what the route is.
-pub(super) fn parse_route(payload: &[u8]) -> Option<KernelRoute> {
+pub(super) fn parse_route(payload: &[u8]) -> Option<TableRoute> {
     let header = payload.get(..RTMSG_LEN)?;
     let (family, prefix_len, protocol, kind) = (header[0], header[1], header[5], header[7]);
+    let flags = u32::from_ne_bytes(*header[8..12].first_chunk()?);
     let mut table = u32::from(header[4]);
     let mut dst = None;
     let mut gateway = None;
     let mut oif = None;
     let mut nhid = None;
     let mut mtu = None;
+    let mut metric = None;
+    let mut paths = Vec::new();
     for attribute in raw::attributes(&payload[RTMSG_LEN..]) {
         let (attribute, value) = attribute.ok()?;
         match attribute {
@@ -172,6 +192,8 @@ pub(super) fn parse_route(payload: &[u8]) -> Option<KernelRoute> {
             RTA_OIF => oif = Some(raw::u32_value(value)?),
             RTA_NH_ID => nhid = Some(raw::u32_value(value)?),
             RTA_METRICS => mtu = metrics_mtu(value)?,
+            RTA_PRIORITY => metric = Some(raw::u32_value(value)?),
+            RTA_MULTIPATH => paths = multipath_gateways(value)?,
             _ => {}
         }
     }
@@ -184,21 +206,70 @@ pub(super) fn parse_route(payload: &[u8]) -> Option<KernelRoute> {
         AF_INET6 => Some(IpAddr::V6(Ipv6Addr::UNSPECIFIED)),
         _ => None,
     })?;
-    let via = match (kind, nhid, gateway, oif) {
-        (RTN_BLACKHOLE, ..) => KernelRouteVia::Blackhole,
-        (RTN_UNICAST, Some(id), ..) => KernelRouteVia::Nexthop(id),
-        (RTN_UNICAST, None, Some(gateway), Some(ifindex)) => {
-            KernelRouteVia::Gateway { gateway, ifindex }
+    let dst = IpNetwork::new(dst, prefix_len).ok()?;
+    let metric = metric.unwrap_or(0);
+    let onlink = flags & RTNH_F_ONLINK != 0;
+    let shaped = match (kind, nhid, gateway, oif) {
+        _ if metric != default_metric(&dst) => None,
+        (RTN_BLACKHOLE, ..) => Some(KernelRouteVia::Blackhole),
+        (RTN_UNICAST, Some(id), ..) => Some(KernelRouteVia::Nexthop(id)),
+        (RTN_UNICAST, None, Some(gateway), Some(ifindex)) if onlink => {
+            Some(KernelRouteVia::Gateway { gateway, ifindex })
         }
-        (RTN_UNICAST, None, None, Some(ifindex)) => KernelRouteVia::Link(ifindex),
-        _ => return None,
+        (RTN_UNICAST, None, None, Some(ifindex)) => Some(KernelRouteVia::Link(ifindex)),
+        _ => None,
     };
-    Some(KernelRoute {
-        dst: IpNetwork::new(dst, prefix_len).ok()?,
+    if let Some(via) = shaped {
+        return Some(TableRoute::Shaped(KernelRoute {
+            dst,
+            protocol,
+            via,
+            mtu,
+        }));
+    }
+    let mut target = match kind {
+        RTN_UNICAST => String::new(),
+        RTN_BLACKHOLE => "blackhole".to_string(),
+        other => format!("type {other}"),
+    };
+    let gateways: Vec<IpAddr> = gateway.into_iter().chain(paths).collect();
+    for gateway in &gateways {
+        target = format!("{target} via {gateway}");
+    }
+    if let Some(ifindex) = oif {
+        target = format!("{target} dev #{ifindex}");
+    }
+    if let Some(id) = nhid {
+        target = format!("{target} nhid {id}");
+    }
+    if onlink {
+        target.push_str(" onlink");
+    }
+    Some(TableRoute::Other(ForeignRoute {
+        dst,
         protocol,
-        via,
-        mtu,
-    })
+        metric,
+        target: target.trim_start().to_string(),
+        gateways,
+        ifindex: oif,
+    }))
+}
+
+/// The gateways of RTA_MULTIPATH's paths (struct rtnexthop, then each
+/// path's attributes); `None` when malformed.
+fn multipath_gateways(mut value: &[u8]) -> Option<Vec<IpAddr>> {
+    let mut gateways = Vec::new();
+    while value.len() >= RTNEXTHOP_LEN {
+        let len = usize::from(u16::from_ne_bytes(*value.first_chunk()?));
+        let path = value.get(RTNEXTHOP_LEN..len)?;
+        for attribute in raw::attributes(path) {
+            if let (RTA_GATEWAY, gateway) = attribute.ok()? {
+                gateways.push(raw::ip_value(gateway)?);
+            }
+        }
+        value = value.get(len.next_multiple_of(4).min(value.len())..)?;
+    }
+    Some(gateways)
 }
 
 /// The MTU among a route's metrics (nested RTAX_* attributes), if set;
@@ -251,12 +322,20 @@ mod tests {
 
     /// An RTM_NEWROUTE payload as the kernel writes it: struct rtmsg
     /// (family, dst_len, src_len, tos, table, protocol, scope, type,
-    /// flags), then the attributes.
+    /// flags), then the attributes; onlink, and IPv6 ones with the
+    /// kernel's default metric.
     fn rtmsg(family: u8, dst_len: u8, kind: u8, attributes: &[Vec<u8>]) -> Vec<u8> {
         let mut payload = vec![family, dst_len, 0, 0, 254, 80, 0, kind];
-        payload.extend_from_slice(&0u32.to_ne_bytes());
+        payload.extend_from_slice(&RTNH_F_ONLINK.to_ne_bytes());
         payload.extend(attributes.concat());
+        if family == AF_INET6 {
+            payload.extend(u32_attribute(RTA_PRIORITY, 1024));
+        }
         payload
+    }
+
+    fn shaped(route: Option<KernelRoute>) -> Option<TableRoute> {
+        route.map(TableRoute::Shaped)
     }
 
     fn u32_attribute(kind: u16, value: u32) -> Vec<u8> {
@@ -274,13 +353,13 @@ mod tests {
         attribute(RTA_METRICS, &u32_attribute(RTAX_MTU, mtu))
     }
 
-    fn route(dst: &str, via: KernelRouteVia, mtu: Option<u32>) -> Option<KernelRoute> {
-        Some(KernelRoute {
+    fn route(dst: &str, via: KernelRouteVia, mtu: Option<u32>) -> Option<TableRoute> {
+        shaped(Some(KernelRoute {
             dst: dst.parse().unwrap(),
             protocol: 80,
             via,
             mtu,
-        })
+        }))
     }
 
     #[test]
@@ -289,7 +368,7 @@ mod tests {
             let message = route_message(&route);
             let mut payload = vec![0; message.buffer_len()];
             message.emit(&mut payload);
-            assert_eq!(parse_route(&payload), Some(route), "{route}");
+            assert_eq!(parse_route(&payload), shaped(Some(route)), "{route}");
         }
     }
 
@@ -443,7 +522,7 @@ mod tests {
     }
 
     #[test]
-    fn other_tables_and_shapes_are_not_parsed() {
+    fn other_tables_are_not_parsed() {
         let dst = ip_attribute(RTA_DST, "10.244.1.0");
         let oif = u32_attribute(RTA_OIF, 4);
         // Tables above 255 are in RTA_TABLE only.
@@ -457,22 +536,70 @@ mod tests {
         let mut local_table = rtmsg(AF_INET, 26, RTN_UNICAST, &[dst.clone(), oif.clone()]);
         local_table[4] = 255;
         assert_eq!(parse_route(&local_table), None);
-        const RTN_UNREACHABLE: u8 = 7;
-        let unreachable = rtmsg(AF_INET, 26, RTN_UNREACHABLE, std::slice::from_ref(&dst));
-        assert_eq!(parse_route(&unreachable), None);
-        // Multipath: the paths are in RTA_MULTIPATH, no RTA_OIF.
-        const RTA_MULTIPATH: u16 = 9;
-        let multipath = rtmsg(
-            AF_INET,
-            26,
-            RTN_UNICAST,
-            &[dst.clone(), attribute(RTA_MULTIPATH, &[0; 16])],
-        );
-        assert_eq!(parse_route(&multipath), None);
         let mut malformed = rtmsg(AF_INET, 26, RTN_UNICAST, &[dst, oif]);
         malformed.pop();
         assert_eq!(parse_route(&malformed), None);
         assert_eq!(parse_route(&[AF_INET, 26]), None);
+    }
+
+    fn foreign(payload: &[u8]) -> ForeignRoute {
+        match parse_route(payload) {
+            Some(TableRoute::Other(route)) => route,
+            other => panic!("not a foreign route: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn other_shapes_are_foreign_routes_with_their_gateways() {
+        let dst = ip_attribute(RTA_DST, "10.244.1.0");
+        let oif = u32_attribute(RTA_OIF, 4);
+        let gateway = ip_attribute(RTA_GATEWAY, "172.0.0.1");
+        const RTN_UNREACHABLE: u8 = 7;
+        let unreachable = foreign(&rtmsg(
+            AF_INET,
+            26,
+            RTN_UNREACHABLE,
+            std::slice::from_ref(&dst),
+        ));
+        assert_eq!(unreachable.target, "type 7 onlink");
+        // A static route: via a gateway, not onlink.
+        let mut plain = rtmsg(AF_INET, 0, RTN_UNICAST, &[gateway.clone(), oif.clone()]);
+        plain[8..12].copy_from_slice(&0u32.to_ne_bytes());
+        let plain = foreign(&plain);
+        assert_eq!(plain.dst.to_string(), "0.0.0.0/0");
+        assert_eq!(plain.gateways, ["172.0.0.1".parse::<IpAddr>().unwrap()]);
+        assert_eq!(
+            plain.to_string(),
+            "route 0.0.0.0/0 via 172.0.0.1 dev #4 proto 80 metric 0"
+        );
+        // A DHCP route: another metric.
+        let dhcp = foreign(&rtmsg(
+            AF_INET,
+            26,
+            RTN_UNICAST,
+            &[dst.clone(), gateway, oif, u32_attribute(RTA_PRIORITY, 100)],
+        ));
+        assert_eq!(dhcp.metric, 100);
+        // Multipath: the paths' gateways are in RTA_MULTIPATH.
+        let path = |ifindex: u32, ip: &str| {
+            let mut path = 16u16.to_ne_bytes().to_vec();
+            path.extend([0, 0]);
+            path.extend(ifindex.to_ne_bytes());
+            path.extend(ip_attribute(RTA_GATEWAY, ip));
+            path
+        };
+        let paths = [path(4, "172.0.0.1"), path(5, "172.0.1.1")].concat();
+        let multipath = foreign(&rtmsg(
+            AF_INET,
+            26,
+            RTN_UNICAST,
+            &[dst, attribute(RTA_MULTIPATH, &paths)],
+        ));
+        assert_eq!(
+            multipath.gateways,
+            ["172.0.0.1", "172.0.1.1"].map(|ip| ip.parse::<IpAddr>().unwrap())
+        );
+        assert_eq!(multipath.ifindex, None);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tonic::transport::Channel;
 
 use super::{Result, TestbedError};
-use crate::wire::etcd::{
+use vxmgr::wire::etcd::{
     DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, kv_client::KvClient,
     request_op,
 };
@@ -185,7 +185,7 @@ impl EtcdServer {
 
     /// A client over the unix socket, from this process's namespace.
     pub async fn client(&self) -> Result<EtcdClient> {
-        let channel = crate::client::connect(&self.dir.join(SOCKET))
+        let channel = vxmgr::client::connect(&self.dir.join(SOCKET))
             .await
             .map_err(|e| {
                 TestbedError::Io(std::io::Error::other(format!("connecting to etcd: {e}")))

@@ -1,7 +1,9 @@
 //! A testbed of network namespaces: a small cluster with an underlay
 //! bridge, node namespaces with a veth `eth0` on it, workload namespaces
 //! attached to their node, and a real vxmgrd in each node namespace. The
-//! namespace tests, the benchmarks and `calc-stub demo` all build on it.
+//! namespace tests, the benchmarks and `calc-stub demo` all build on it:
+//! it is part of calc-stub, and tests/ and benches/ include this directory
+//! as a module of their own, so that the library does not carry it.
 //! Needs root.
 
 pub mod census;

@@ -7,12 +7,12 @@ use std::net::Ipv4Addr;
 use std::path::Path;
 
 use super::{Result, TestbedError, run};
-use crate::model::MacAddr;
-use crate::wire::felix::{
+use vxmgr::model::MacAddr;
+use vxmgr::wire::felix::{
     RouteRemove, ToDataplane, VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate,
     to_dataplane::Payload,
 };
-use crate::wire::replay::read_file;
+use vxmgr::wire::replay::read_file;
 
 /// `calc-stub generate --nodes N --blocks-per-node B --local-node L`
 /// (with `--ipv6`, both families) written to `out`, and read back.

@@ -8,7 +8,7 @@ use std::fmt;
 use serde_json::Value;
 
 use super::{Result, ip_json, run_in, try_in};
-use crate::model::Family;
+use vxmgr::model::Family;
 
 /// The protocol vxmgr's routes and nexthops carry by default.
 const PROTOCOL: &str = "80";

@@ -1,0 +1,106 @@
+//! A kernel backend that counts the operations it passes on, by object
+//! kind, operation and result; everything else goes straight through.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::Metrics;
+use crate::desired::ParentInterface;
+use crate::kernel::objects::{IpsetChange, KernelOp, KernelState, Link, Notification, Ownership};
+use crate::kernel::{KernelBackend, KernelError};
+
+pub struct MeteredBackend<B> {
+    inner: B,
+    metrics: Arc<Metrics>,
+}
+
+impl<B: KernelBackend> MeteredBackend<B> {
+    pub fn new(inner: B, metrics: Arc<Metrics>) -> MeteredBackend<B> {
+        MeteredBackend { inner, metrics }
+    }
+}
+
+/// The object kind and operation, as the metric labels say them.
+fn labels(op: &KernelOp) -> (&'static str, &'static str) {
+    match op {
+        KernelOp::CreateVxlan(_) => ("device", "create"),
+        KernelOp::DeleteLink { .. } => ("device", "delete"),
+        KernelOp::SetMtu { .. } => ("device", "set_mtu"),
+        KernelOp::SetUp { .. } => ("device", "set_up"),
+        KernelOp::DisableTxChecksum { .. } => ("device", "disable_tx_checksum"),
+        KernelOp::AddAddress { .. } => ("address", "add"),
+        KernelOp::DeleteAddress { .. } => ("address", "delete"),
+        KernelOp::AddNexthop(_) => ("nexthop", "add"),
+        KernelOp::ReplaceNexthop(_) => ("nexthop", "replace"),
+        KernelOp::DeleteNexthop(_) => ("nexthop", "delete"),
+        KernelOp::AddRoute(_) => ("route", "add"),
+        KernelOp::ReplaceRoute(_) => ("route", "replace"),
+        KernelOp::DeleteRoute(_) => ("route", "delete"),
+        KernelOp::ReplaceNeighbor(_) => ("neighbor", "replace"),
+        KernelOp::DeleteNeighbor(_) => ("neighbor", "delete"),
+        KernelOp::ReplaceFdb(_) => ("fdb", "replace"),
+        KernelOp::DeleteFdb(_) => ("fdb", "delete"),
+        KernelOp::Ipset {
+            change: IpsetChange::Update { .. },
+            ..
+        } => ("ipset", "update"),
+        KernelOp::Ipset {
+            change: IpsetChange::Replace { .. },
+            ..
+        } => ("ipset", "replace"),
+    }
+}
+
+impl<B: KernelBackend> KernelBackend for MeteredBackend<B> {
+    async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
+        self.inner.dump(ownership).await
+    }
+
+    async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {
+        self.inner.addresses().await
+    }
+
+    async fn links(&mut self, names: &[String]) -> Result<Vec<Link>, KernelError> {
+        self.inner.links(names).await
+    }
+
+    async fn find_interface(
+        &mut self,
+        address: IpAddr,
+    ) -> Result<Option<ParentInterface>, KernelError> {
+        self.inner.find_interface(address).await
+    }
+
+    async fn apply(&mut self, ops: &[KernelOp]) -> Vec<Result<(), KernelError>> {
+        let results = self.inner.apply(ops).await;
+        // Operations come grouped by kind: one metric update per run of
+        // alike ones.
+        let mut run: Option<((&'static str, &'static str, bool), u64)> = None;
+        for (op, result) in ops.iter().zip(&results) {
+            let (kind, name) = labels(op);
+            let key = (kind, name, result.is_ok());
+            match &mut run {
+                Some((k, n)) if *k == key => *n += 1,
+                _ => {
+                    if let Some(((kind, name, ok), n)) = run.replace((key, 1)) {
+                        self.metrics.kernel_operations(kind, name, ok, n);
+                    }
+                }
+            }
+        }
+        if let Some(((kind, name, ok), n)) = run {
+            self.metrics.kernel_operations(kind, name, ok, n);
+        }
+        results
+    }
+
+    async fn supports_nexthops(&mut self) -> bool {
+        self.inner.supports_nexthops().await
+    }
+
+    fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<Notification>, KernelError> {
+        self.inner.watch()
+    }
+}

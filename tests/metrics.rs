@@ -1,0 +1,138 @@
+//! `--http-listen`: Prometheus metrics and health probes, read with curl.
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use support::Daemon;
+
+/// A daemon with an HTTP listener on a free loopback port, and its address.
+fn daemon_with_http() -> (Daemon, String) {
+    let daemon = Daemon::memory(&["--http-listen", "127.0.0.1:0"]);
+    daemon.wait_for_log("serving metrics and health over HTTP", 1);
+    let log = daemon.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("serving metrics and health over HTTP"))
+        .unwrap();
+    let address = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("address="))
+        .expect("the address in the log line")
+        .to_string();
+    (daemon, address)
+}
+
+/// `curl` on `path`: the status code, the content type and the body.
+fn get(address: &str, path: &str) -> (u16, String, String) {
+    let output = Command::new("curl")
+        .args(["--silent", "--show-error", "--max-time", "30"])
+        .args(["--write-out", "\n%{http_code} %{content_type}"])
+        .arg(format!("http://{address}{path}"))
+        .output()
+        .expect("curl runs (apt-get install curl)");
+    assert!(output.status.success(), "{}", support::stderr(&output));
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (body, trailer) = text.rsplit_once('\n').unwrap();
+    let (code, content_type) = trailer.split_once(' ').unwrap();
+    (
+        code.parse().unwrap(),
+        content_type.to_string(),
+        body.to_string(),
+    )
+}
+
+/// The samples of an exposition: `name{labels}` to value. Checks each
+/// line is a comment or a sample.
+fn samples(exposition: &str) -> HashMap<String, f64> {
+    let mut samples = HashMap::new();
+    for line in exposition.lines() {
+        if line.starts_with("# ") {
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("not a sample: {line:?}"));
+        assert!(series.starts_with("vxmgr_"), "{line:?}");
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value: {line:?}"));
+        samples.insert(series.to_string(), value);
+    }
+    samples
+}
+
+#[test]
+fn probes_follow_readiness_and_metrics_count_what_happened() {
+    let (daemon, address) = daemon_with_http();
+    for path in ["/livez", "/liveness"] {
+        assert_eq!(get(&address, path).0, 200, "{path}");
+    }
+    for path in ["/readyz", "/readiness"] {
+        assert_eq!(get(&address, path).0, 503, "{path} before InSync");
+    }
+    assert_eq!(get(&address, "/nothing").0, 404);
+
+    let replay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replays/two-nodes.jsonl");
+    let output = daemon.replay(&[replay.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", support::stderr(&output));
+    daemon.wait_for_log("calc stream ended", 1);
+
+    for path in ["/readyz", "/readiness"] {
+        assert_eq!(get(&address, path).0, 200, "{path} once in sync");
+    }
+    let (code, content_type, body) = get(&address, "/metrics");
+    assert_eq!(code, 200);
+    assert!(
+        content_type.starts_with("application/openmetrics-text"),
+        "{content_type}"
+    );
+    assert!(body.ends_with("# EOF\n"), "{body}");
+    let samples = samples(&body);
+    let value = |series: &str| {
+        *samples
+            .get(series)
+            .unwrap_or_else(|| panic!("{series} in\n{body}"))
+    };
+    assert_eq!(value("vxmgr_build_info{version=\"0.1.0\"}"), 1.0);
+    assert!(value("vxmgr_batches_total{result=\"ok\"}") >= 1.0);
+    let messages: f64 = samples
+        .iter()
+        .filter(|(s, _)| s.starts_with("vxmgr_messages_total{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(messages, 7.0, "the replay's seven messages");
+    assert_eq!(
+        value("vxmgr_messages_total{type=\"vtep_update\",outcome=\"applied\"}"),
+        2.0
+    );
+    assert!(value("vxmgr_batch_apply_duration_seconds_count") >= 1.0);
+    assert!(value("vxmgr_last_batch_timestamp_seconds") > 1.7e9);
+    assert!(value("vxmgr_kernel_operations_total{kind=\"route\",op=\"add\",result=\"ok\"}") >= 3.0);
+    for (kind, count) in [
+        ("device", 1.0),
+        ("route", 3.0),
+        ("neighbor", 1.0),
+        ("fdb", 1.0),
+        ("ipset_member", 1.0),
+    ] {
+        let v4 = format!("vxmgr_programmed_objects{{kind=\"{kind}\",family=\"ipv4\"}}");
+        let v6 = format!("vxmgr_programmed_objects{{kind=\"{kind}\",family=\"ipv6\"}}");
+        assert_eq!((value(&v4), value(&v6)), (count, 0.0), "{kind}");
+    }
+    assert_eq!(value("vxmgr_failing_objects"), 0.0);
+    assert_eq!(value("vxmgr_contested_objects"), 0.0);
+    assert_eq!(
+        value("vxmgr_resyncs_total{trigger=\"startup\",result=\"ok\"}"),
+        1.0
+    );
+    assert_eq!(
+        value("vxmgr_calc_stream_connected"),
+        0.0,
+        "the replay ended"
+    );
+    assert_eq!(value("vxmgr_calc_stream_in_sync"), 1.0);
+    assert_eq!(value("vxmgr_ready"), 1.0);
+}
