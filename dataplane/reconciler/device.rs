@@ -1,6 +1,15 @@
-//! What it takes to make a link match a desired VXLAN device.
+//! What it takes to make a link match a desired VXLAN device, and the
+//! reconciler's steps that do it.
 
 use std::net::IpAddr;
+
+use foldhash::HashSet;
+use tracing::{debug, info};
+
+use super::table::Effect;
+use super::{KernelBackend, ObjectError, Reconciler, Report};
+use crate::kernel::objects::{KernelNexthop, KernelRouteVia};
+use crate::model::Family;
 
 use crate::desired::VxlanDevice;
 use crate::kernel::objects::{KernelOp, Link, VxlanSpec};
@@ -93,6 +102,137 @@ fn is_link_local(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V6(v6) => v6.segments()[0] & 0xffc0 == 0xfe80,
         IpAddr::V4(_) => false,
+    }
+}
+
+/// Making each family's device match: create, recreate, fix up.
+impl<B: KernelBackend> Reconciler<B> {
+    /// Makes one family's device match: create, recreate or fix up. With no
+    /// device desired (no local VTEP or parent interface known) an existing
+    /// one is left as it is, sweep or not: Felix never deletes its device
+    /// for want of local information.
+    pub(super) async fn reconcile_device(&mut self, family: Family, report: &mut Report) {
+        self.devices[family as usize].dirty = false;
+        self.refresh_link(family, report).await;
+        let slot = &mut self.devices[family as usize];
+        let Some(desired) = slot.desired.clone() else {
+            // Nothing is tried, so nothing is failing.
+            slot.error = None;
+            return;
+        };
+        let mut link = slot.link.clone();
+        let mut recreated = false;
+        if let Some(l) = &link
+            && let Some(reason) = recreate_reason(&desired, l)
+        {
+            info!(device = %l.name, %reason, "deleting device");
+            self.delete_device_dependents(l.index).await;
+            let op = KernelOp::DeleteLink {
+                index: l.index,
+                name: l.name.clone(),
+            };
+            if !self.device_op(family, op, report).await {
+                return;
+            }
+            self.forget_device_objects(l.index);
+            self.devices[family as usize].link = None;
+            link = None;
+            recreated = true;
+        }
+        if link.is_none() {
+            let op = KernelOp::CreateVxlan(spec(&desired));
+            if !self.device_op(family, op, report).await {
+                return;
+            }
+            report.count(if recreated {
+                Effect::Changed
+            } else {
+                Effect::Added
+            });
+            self.refresh_link(family, report).await;
+            // Everything on the device has to be programmed (again).
+            self.mark_all_pending();
+            self.devices[family as usize].dirty = false;
+        }
+        let Some(link) = self.devices[family as usize].link.clone() else {
+            return;
+        };
+        let fixups = fixups(&desired, &link, self.options.disable_tx_checksum);
+        if fixups.is_empty() {
+            self.devices[family as usize].error = None;
+            return;
+        }
+        let mut all_ok = true;
+        for op in fixups {
+            all_ok &= self.device_op(family, op, report).await;
+        }
+        if all_ok && !recreated && link.up {
+            report.count(Effect::Changed);
+        }
+        self.refresh_link(family, report).await;
+    }
+
+    /// One device operation; failures are reported and the device re-checked
+    /// on the next pass.
+    pub(super) async fn device_op(
+        &mut self,
+        family: Family,
+        op: KernelOp,
+        report: &mut Report,
+    ) -> bool {
+        let what = op.to_string();
+        let result = self
+            .backend
+            .apply(std::slice::from_ref(&op))
+            .await
+            .remove(0);
+        report.operations += 1;
+        let slot = &mut self.devices[family as usize];
+        match result {
+            Ok(()) => {
+                debug!(change = %what, "kernel");
+                slot.error = None;
+                true
+            }
+            Err(e) => {
+                report.fail(what.clone(), &e);
+                slot.error = Some(ObjectError {
+                    object: what,
+                    error: e.to_string(),
+                });
+                slot.dirty = true;
+                false
+            }
+        }
+    }
+
+    /// Deletes the routes and nexthops through a device before the device:
+    /// the kernel would remove them too, but walks the whole routing table
+    /// for each nexthop it removes that way (tens of seconds with tens of
+    /// thousands of nodes, holding the routing lock). Failures do not
+    /// matter: the device deletion removes what is left.
+    pub(super) async fn delete_device_dependents(&mut self, index: u32) {
+        let nexthops: Vec<KernelNexthop> = self
+            .nexthops
+            .actual
+            .values()
+            .filter(|n| n.ifindex == index)
+            .copied()
+            .collect();
+        let ids: HashSet<u32> = nexthops.iter().map(|n| n.id).collect();
+        let routes: Vec<KernelOp> = self
+            .routes
+            .actual
+            .values()
+            .filter(|r| {
+                r.ifindex() == Some(index)
+                    || matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id))
+            })
+            .map(|r| KernelOp::DeleteRoute(*r))
+            .collect();
+        self.backend.apply(&routes).await;
+        let nexthops: Vec<KernelOp> = nexthops.into_iter().map(KernelOp::DeleteNexthop).collect();
+        self.backend.apply(&nexthops).await;
     }
 }
 
