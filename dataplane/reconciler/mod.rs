@@ -18,6 +18,7 @@ use foldhash::{HashMap, HashSet, HashSetExt};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use ipnetwork::IpNetwork;
 use tracing::{debug, info, warn};
 
 use crate::config::DeviceNames;
@@ -167,6 +168,8 @@ pub struct Reconciler<B: KernelBackend> {
     /// Nexthops of nodes whose tunnel address moved, replaced by fresh ones:
     /// deleted once the nodes' routes have moved over.
     retired_nexthops: Vec<KernelNexthop>,
+    /// The routes of those nodes: all that may still use a retired nexthop.
+    moved_routes: Vec<IpNetwork>,
     /// Notifications said a link or address changed.
     links_changed: bool,
     /// A full resync is due from this instant: notifications were lost, or
@@ -264,6 +267,7 @@ impl<B: KernelBackend> Reconciler<B> {
             ipsets_present: HashSet::new(),
             unassigned: HashSet::new(),
             retired_nexthops: Vec::new(),
+            moved_routes: Vec::new(),
             links_changed: false,
             resync_due: None,
             resync_failures: 0,
@@ -341,12 +345,17 @@ impl<B: KernelBackend> Reconciler<B> {
             }
         }
         for change in delta.routes {
-            if let Some(Route {
-                target: RouteTarget::Direct { interface, .. },
-                ..
-            }) = &change.desired
-            {
-                self.claim_parent(interface.index);
+            match &change.desired {
+                Some(Route {
+                    target: RouteTarget::Direct { interface, .. },
+                    ..
+                }) => self.claim_parent(interface.index),
+                // A node's tunnel address moved: its routes change with it.
+                Some(Route {
+                    target: RouteTarget::Tunnel { .. },
+                    ..
+                }) if !self.retired_nexthops.is_empty() => self.moved_routes.push(change.key),
+                _ => {}
             }
             self.routes.set_desired(change);
         }
@@ -652,7 +661,9 @@ impl<B: KernelBackend> Reconciler<B> {
         let routes = host::keep_clear_of_host(routes, &self.host, &mut self.routes, report);
         execute(&mut self.backend, &mut self.routes, routes, report).await;
         let retired = std::mem::take(&mut self.retired_nexthops);
-        self.delete_unused_nexthops(retired, report).await;
+        let moved = std::mem::take(&mut self.moved_routes);
+        self.delete_unused_nexthops(retired, Some(&moved), report)
+            .await;
         self.sync_ipsets(report).await;
 
         // Before InSync these let go of would-be deletes without doing them.
@@ -665,7 +676,7 @@ impl<B: KernelBackend> Reconciler<B> {
         }
         if self.sweep {
             let stale = self.nexthop_ids.take_unclaimed();
-            self.delete_unused_nexthops(stale, report).await;
+            self.delete_unused_nexthops(stale, None, report).await;
         }
         let neighbors = self.neighbors.plan_deletes(self.sweep);
         let fdb = self.fdb.plan_deletes(self.sweep);
@@ -730,8 +741,15 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 
     /// Our nexthops in the kernel that nothing uses: those no node claimed,
-    /// and those replaced when a node's tunnel address moved.
-    async fn delete_unused_nexthops(&mut self, unused: Vec<KernelNexthop>, report: &mut Report) {
+    /// and those replaced when a node's tunnel address moved. The kernel
+    /// takes a route that still uses one with it, without telling: these
+    /// are looked for among `routes` (`None`: every route).
+    async fn delete_unused_nexthops(
+        &mut self,
+        unused: Vec<KernelNexthop>,
+        routes: Option<&[IpNetwork]>,
+        report: &mut Report,
+    ) {
         if unused.is_empty() {
             return;
         }
@@ -748,8 +766,12 @@ impl<B: KernelBackend> Reconciler<B> {
             }
         }
         let ids: HashSet<u32> = unused.iter().map(|n| n.id).collect();
-        self.routes
-            .forget_actual(|r| matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id)));
+        let uses_one =
+            |r: &KernelRoute| matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id));
+        match routes {
+            Some(routes) => self.routes.forget_actual_among(routes, uses_one),
+            None => self.routes.forget_actual(uses_one),
+        }
     }
 }
 

@@ -318,6 +318,36 @@ async fn a_vtep_address_change_moves_only_that_nodes_routes_to_a_fresh_nexthop()
     assert!(!k.nexthops.contains_key(&old.id));
 }
 
+/// A route that could not move over goes with the old nexthop, and comes
+/// back through the fresh one on the retry.
+#[tokio::test]
+async fn a_route_that_fails_to_move_with_its_vtep_is_put_back_on_retry() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let dst = "10.244.1.0/26".parse().unwrap();
+    rig.kernel.inject_fault(
+        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == dst),
+        libc::EBUSY,
+    );
+    rig.send(&[
+        r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.64", "parentDeviceIp": "192.168.10.2"}}"#,
+    ]);
+    let report = rig.apply().await;
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert!(
+        !rig.kernel.lock().routes.contains_key(&dst),
+        "gone with the old nexthop"
+    );
+    rig.kernel.clear_faults();
+    let retry_at = rig.reconciler.next_retry().expect("a retry is scheduled");
+    let report = rig.reconciler.retry(retry_at).await;
+    assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
+    let k = rig.kernel.lock();
+    let KernelRouteVia::Nexthop(id) = k.routes[&dst].via else {
+        panic!("{:?}", k.routes[&dst]);
+    };
+    assert_eq!(k.nexthops[&id].gateway.to_string(), "10.244.1.64");
+}
+
 #[tokio::test]
 async fn a_vni_change_recreates_the_device_and_everything_on_it() {
     let mut rig = cluster_rig(NexthopMode::On).await;
