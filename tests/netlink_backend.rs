@@ -16,8 +16,8 @@ use ipnetwork::IpNetwork;
 use serde_json::Value;
 
 use vxmgr::desired::{
-    Change, Delta, FdbEntry, IpsetMember, Neighbor, ParentInterface, Route, RouteTarget,
-    TunnelNexthop, VxlanDevice,
+    Change, Delta, FdbEntry, IpsetMember, Neighbor, Nexthop, ParentInterface, Route, RouteTarget,
+    VxlanDevice,
 };
 use vxmgr::kernel::netlink::NetlinkBackend;
 use vxmgr::kernel::objects::{
@@ -1199,7 +1199,7 @@ fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
             address: Family::host_net(ip(&pick("10.244.0.0", "fd10:244::"))),
         }));
         if with_nexthops {
-            delta.nexthops.push(change(TunnelNexthop {
+            delta.nexthops.push(change(Nexthop {
                 family,
                 node: node_b.clone(),
                 gateway: tunnel_gateway,
