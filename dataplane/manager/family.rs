@@ -123,7 +123,7 @@ impl std::fmt::Display for WaitReason {
                 "no-encap route, never tunnelled: waiting for the parent interface"
             }
             WaitReason::NoNodeAddress => {
-                "no-encap route, never tunnelled: it has no dstNodeIp to go to"
+                "no-encap route, never tunnelled: the calc gave no dstNodeIp to route it to (none, or none on this node's network)"
             }
         })
     }
