@@ -671,14 +671,20 @@ const NO_ENCAP: &[&str] = &[
     r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "NO_ENCAP", "dst": "10.244.2.0/26", "dstNodeName": "node-c", "dstNodeIp": "192.168.10.3"}}"#,
 ];
 
-#[tokio::test]
-async fn direct_routes_share_a_nexthop_per_node_address_on_the_parent() {
-    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+/// A node with flannel's host-gw routes (`NO_ENCAP`) programmed.
+async fn no_encap_rig(nexthops: NexthopMode) -> Rig {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), nexthops).await;
     rig.kernel.record_operations();
     rig.send(NO_ENCAP);
     rig.send(&[IN_SYNC]);
     let report = rig.apply().await;
     assert!(report.errors.is_empty(), "{report:?}");
+    rig
+}
+
+#[tokio::test]
+async fn direct_routes_share_a_nexthop_per_node_address_on_the_parent() {
+    let rig = no_encap_rig(NexthopMode::On).await;
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
     let mut nexthops: Vec<(u32, String)> = (rig.kernel.lock().nexthops.values())
         .map(|n| (n.ifindex, n.gateway.to_string()))
@@ -699,10 +705,7 @@ async fn direct_routes_share_a_nexthop_per_node_address_on_the_parent() {
 
 #[tokio::test]
 async fn a_direct_nexthop_goes_with_the_last_route_through_it() {
-    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
-    rig.send(NO_ENCAP);
-    rig.send(&[IN_SYNC]);
-    assert!(rig.apply().await.errors.is_empty());
+    let mut rig = no_encap_rig(NexthopMode::On).await;
     rig.send(&[r#"{"routeRemove": {"dst": "10.244.1.0/26"}}"#]);
     assert!(rig.apply().await.errors.is_empty());
     assert_eq!(rig.kernel.lock().nexthops.len(), 2, "node-b's other block");
@@ -715,10 +718,7 @@ async fn a_direct_nexthop_goes_with_the_last_route_through_it() {
 
 #[tokio::test]
 async fn direct_routes_have_inline_gateways_without_nexthops() {
-    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::Off).await;
-    rig.send(NO_ENCAP);
-    rig.send(&[IN_SYNC]);
-    assert!(rig.apply().await.errors.is_empty());
+    let rig = no_encap_rig(NexthopMode::Off).await;
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
     assert!(rig.kernel.lock().nexthops.is_empty());
     let gateway = "192.168.10.2".parse().unwrap();
