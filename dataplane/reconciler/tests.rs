@@ -97,14 +97,19 @@ pub(crate) const CLUSTER: &[&str] = &[
 ];
 pub(crate) const IN_SYNC: &str = r#"{"inSync": {}}"#;
 
-async fn cluster_rig(nexthops: NexthopMode) -> Rig {
+/// A node with `messages` and InSync programmed, recording operations.
+async fn programmed_rig(messages: &[&str], nexthops: NexthopMode) -> Rig {
     let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), nexthops).await;
     rig.kernel.record_operations();
-    rig.send(CLUSTER);
+    rig.send(messages);
     rig.send(&[IN_SYNC]);
     let report = rig.apply().await;
     assert!(report.errors.is_empty(), "{report:?}");
     rig
+}
+
+async fn cluster_rig(nexthops: NexthopMode) -> Rig {
+    programmed_rig(CLUSTER, nexthops).await
 }
 
 #[tokio::test]
@@ -671,20 +676,9 @@ const NO_ENCAP: &[&str] = &[
     r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "NO_ENCAP", "dst": "10.244.2.0/26", "dstNodeName": "node-c", "dstNodeIp": "192.168.10.3"}}"#,
 ];
 
-/// A node with flannel's host-gw routes (`NO_ENCAP`) programmed.
-async fn no_encap_rig(nexthops: NexthopMode) -> Rig {
-    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), nexthops).await;
-    rig.kernel.record_operations();
-    rig.send(NO_ENCAP);
-    rig.send(&[IN_SYNC]);
-    let report = rig.apply().await;
-    assert!(report.errors.is_empty(), "{report:?}");
-    rig
-}
-
 #[tokio::test]
 async fn direct_routes_share_a_nexthop_per_node_address_on_the_parent() {
-    let rig = no_encap_rig(NexthopMode::On).await;
+    let rig = programmed_rig(NO_ENCAP, NexthopMode::On).await;
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
     let mut nexthops: Vec<(u32, String)> = (rig.kernel.lock().nexthops.values())
         .map(|n| (n.ifindex, n.gateway.to_string()))
@@ -705,7 +699,7 @@ async fn direct_routes_share_a_nexthop_per_node_address_on_the_parent() {
 
 #[tokio::test]
 async fn a_direct_nexthop_goes_with_the_last_route_through_it() {
-    let mut rig = no_encap_rig(NexthopMode::On).await;
+    let mut rig = programmed_rig(NO_ENCAP, NexthopMode::On).await;
     rig.send(&[r#"{"routeRemove": {"dst": "10.244.1.0/26"}}"#]);
     assert!(rig.apply().await.errors.is_empty());
     assert_eq!(rig.kernel.lock().nexthops.len(), 2, "node-b's other block");
@@ -718,7 +712,7 @@ async fn a_direct_nexthop_goes_with_the_last_route_through_it() {
 
 #[tokio::test]
 async fn direct_routes_have_inline_gateways_without_nexthops() {
-    let rig = no_encap_rig(NexthopMode::Off).await;
+    let rig = programmed_rig(NO_ENCAP, NexthopMode::Off).await;
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
     assert!(rig.kernel.lock().nexthops.is_empty());
     let gateway = "192.168.10.2".parse().unwrap();
