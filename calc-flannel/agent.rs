@@ -135,7 +135,7 @@ impl<R: Registry> Agent<R> {
             "using this interface"
         );
         let attrs = own_attrs(&config, &underlay, &hostname);
-        let lease = self.acquire(&config, &attrs, None).await;
+        let (lease, listed) = self.acquire(&config, &attrs, None).await;
         self.write_subnet_file(&config, &underlay, &lease.key)?;
         let mut view = View::new(
             config,
@@ -146,11 +146,15 @@ impl<R: Registry> Agent<R> {
             },
         );
         // Every lease is known before vxmgrd hears of any: its resync
-        // after InSync removes what a stream did not declare.
+        // after InSync removes what a stream did not declare. The listing
+        // the lease was acquired on is the start (the watch from it brings
+        // this node's own write, and everything else since); listing again
+        // only when that watch cannot start.
+        let mut started = self.adopt(&mut view, listed, &mut Vec::new()).await;
         let mut backoff = backoff();
         let mut condition = Condition::new("listing leases");
         let watch = loop {
-            match self.relist(&mut view, &attrs, &mut Vec::new()).await {
+            match started {
                 Ok((_, watch)) => break watch,
                 Err(e) => {
                     let wait = backoff.next();
@@ -158,6 +162,7 @@ impl<R: Registry> Agent<R> {
                     sleep(wait).await;
                 }
             }
+            started = self.relist(&mut view, &attrs, &mut Vec::new()).await;
         };
         condition.ok();
         self.follow(view, attrs, watch).await;
@@ -260,13 +265,14 @@ impl<R: Registry> Agent<R> {
 
     /// Holds a lease: this node's own (same PublicIP) if there is one that
     /// fits the config, else `prefer` when it is free, else a free subnet
-    /// at random, created only if nobody has it.
+    /// at random, created only if nobody has it. Returns it with the
+    /// listing it was chosen on, which is older than the lease's write.
     async fn acquire(
         &self,
         config: &NetworkConfig,
         attrs: &LeaseAttrs,
         prefer: Option<SubnetKey>,
-    ) -> Lease {
+    ) -> (Lease, Listed) {
         let mut backoff = backoff();
         let mut condition = Condition::new("acquiring a lease");
         let ttl = self.options.lease_ttl;
@@ -284,7 +290,7 @@ impl<R: Registry> Agent<R> {
                     if fits(&mine.key) {
                         self.registry.put(&key, &value, ttl).await?;
                         info!(lease = %mine.key, "reusing this node's lease");
-                        return Ok(Some(mine.key));
+                        return Ok(Some((mine.key, listed)));
                     }
                     info!(lease = %mine.key, "this node's lease does not fit the network config: deleting it");
                     self.registry.delete(&key).await?;
@@ -312,18 +318,19 @@ impl<R: Registry> Agent<R> {
                     .await?
                 {
                     info!(lease = %key, "acquired a new lease");
-                    return Ok(Some(key));
+                    return Ok(Some((key, listed)));
                 }
                 debug!(lease = %key, "another node took this subnet first: choosing again");
                 Ok::<_, RegistryError>(None)
             };
             match attempt.await {
-                Ok(Some(key)) => {
+                Ok(Some((key, listed))) => {
                     condition.ok();
-                    return Lease {
+                    let lease = Lease {
                         key,
                         attrs: attrs.clone(),
                     };
+                    return (lease, listed);
                 }
                 Ok(None) => backoff.reset(),
                 Err(e) => {
@@ -480,6 +487,16 @@ impl<R: Registry> Agent<R> {
             // The listing is older than the new lease: list again.
             return Box::pin(self.relist(view, attrs, out)).await;
         }
+        self.adopt(view, listed, out).await
+    }
+
+    /// Brings the view up to a listing and watches from it on.
+    async fn adopt(
+        &self,
+        view: &mut View,
+        listed: Listed,
+        out: &mut Vec<ToDataplane>,
+    ) -> Result<(i64, Watch), RegistryError> {
         out.extend(view.resync(&listed.leases, &listed.unreadable));
         let watch = self
             .registry
@@ -529,7 +546,7 @@ impl<R: Registry> Agent<R> {
     /// Takes a lease again, the same subnet when it is free.
     async fn reacquire(&self, view: &mut View, attrs: &LeaseAttrs, out: &mut Vec<ToDataplane>) {
         let before = view.local().lease.key;
-        let lease = self.acquire(view.config(), attrs, Some(before)).await;
+        let (lease, _) = self.acquire(view.config(), attrs, Some(before)).await;
         if lease.key != before {
             warn!(before = %before, now = %lease.key, "this node has another subnet now: pods of the old one lose their routes");
             if let Err(e) =

@@ -37,7 +37,11 @@ use etcd::{Etcd, EtcdOptions};
 use host::HostNetwork;
 use iface::IfaceSpec;
 
-#[tokio::main]
+// One thread: the agent's work is one event after another, and a watch
+// event crosses several tasks (etcd's connection, the watch, the agent,
+// vxmgrd's connection) on its way to vxmgrd; on one thread each hand-over
+// is a queue push, not a wake-up of another thread.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse_all();
     match EnvFilter::try_new(&cli.log) {

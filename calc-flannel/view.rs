@@ -6,7 +6,9 @@
 //! its subnet through it; this node's lease is the local VTEP, which gives
 //! vxmgrd the device. host-gw: a lease is one no-encap route per family via
 //! its PublicIP, and this node's lease names the parent address (a
-//! LOCAL_HOST route); there is no device.
+//! LOCAL_HOST route); there is no device. A lease whose PublicIP is off
+//! this node's networks goes without its address: vxmgrd does not route
+//! it, and GetState lists it among the waiting routes.
 //!
 //! The view remembers what it sent for every lease, so a change sends the
 //! difference and a relisting sends only what changed while it was away.
@@ -332,14 +334,16 @@ impl View {
                     route.same_subnet = vxlan.direct_routing && self.local.on_link(public);
                 }
                 Backend::HostGw => {
+                    route.ip_pool_type = IpPoolType::NoEncap as i32;
                     if !self.local.on_link(public) {
                         problems.push(format!(
-                            "{family} route not programmed: host-gw needs every node on one L2 segment, and PublicIP {public} is on none of this node's networks ({})",
+                            "{family} route not programmed: host-gw needs every node on one L2 segment, and PublicIP {public} is on none of this node's networks ({}); vxmgrd's GetState lists it among the waiting routes",
                             self.underlay_text()
                         ));
-                        continue;
+                        // Sent without a node address, vxmgrd holds the
+                        // route unprogrammed and reports it as waiting.
+                        route.dst_node_ip.clear();
                     }
-                    route.ip_pool_type = IpPoolType::NoEncap as i32;
                 }
             }
             p.routes.insert(route.dst.clone(), route);

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ipnetwork::IpNetwork;
 
+use crate::config::DeviceNames;
 use crate::model::{Family, MacAddr};
 
 /// A network interface the kernel reports: the parent (underlay) interface
@@ -63,13 +64,24 @@ pub struct Route {
     pub mtu: Option<u32>,
 }
 
-/// The gateway shared by every tunnel route to one remote node.
+/// The gateway shared by the routes through it: a remote node's tunnel
+/// address on the VXLAN device, or a node's address on the parent for
+/// direct routes (nexthop objects spare the kernel the cost of many
+/// distinct inline gateways, DESIGN.md §5).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TunnelNexthop {
-    pub family: Family,
-    pub node: Arc<str>,
+pub struct Nexthop {
     pub gateway: IpAddr,
+    pub via: NexthopVia,
     pub protocol: u8,
+}
+
+/// Where a nexthop's gateway is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NexthopVia {
+    /// `via <remote VTEP tunnel IP> dev <vxlan device> onlink`
+    Tunnel { family: Family, node: Arc<str> },
+    /// `via <node IP> dev <parent> onlink`
+    Direct { interface: ParentInterface },
 }
 
 /// Permanent ARP/NDP entry on the VXLAN device: remote tunnel IP → VTEP MAC.
@@ -92,11 +104,17 @@ pub struct FdbEntry {
 pub struct IpsetMember(pub IpNetwork);
 
 /// A kind of desired kernel object: how it is keyed and named.
-pub trait Desired: Clone + PartialEq + fmt::Debug + fmt::Display {
+pub trait Desired: Clone + PartialEq + fmt::Debug {
     /// What the kind is called in messages ("route", "neighbor", ...).
     const KIND: &'static str;
     type Key: Clone + Eq + Hash + Ord + fmt::Debug + fmt::Display;
     fn key(&self) -> Self::Key;
+    /// The object as `ip` shows it, naming the VXLAN devices in effect.
+    fn describe(&self, devices: &DeviceNames) -> String;
+    /// An object by its key alone (one no longer wanted).
+    fn describe_key(key: &Self::Key, _devices: &DeviceNames) -> String {
+        format!("{} {key}", Self::KIND)
+    }
 }
 
 /// What the kernel should hold for `key`: `None` means nothing of ours.
@@ -111,7 +129,7 @@ pub struct Change<T: Desired> {
 pub struct Delta {
     /// `None`: no device to program; an existing one is left as it is.
     pub devices: Vec<Change<VxlanDevice>>,
-    pub nexthops: Vec<Change<TunnelNexthop>>,
+    pub nexthops: Vec<Change<Nexthop>>,
     pub routes: Vec<Change<Route>>,
     pub neighbors: Vec<Change<Neighbor>>,
     pub fdb: Vec<Change<FdbEntry>>,
@@ -142,13 +160,29 @@ impl Delta {
     }
 }
 
-/// Key of a node's nexthop: nodes have one per family.
+/// Key of a nexthop: a remote node's tunnel gateway (one per family), or
+/// a direct gateway (one per address, whichever nodes' routes use it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NexthopKey(pub Family, pub Arc<str>);
+pub enum NexthopKey {
+    Tunnel(Family, Arc<str>),
+    Direct(IpAddr),
+}
+
+impl NexthopKey {
+    pub fn family(&self) -> Family {
+        match self {
+            NexthopKey::Tunnel(family, _) => *family,
+            NexthopKey::Direct(gateway) => Family::of_addr(gateway),
+        }
+    }
+}
 
 impl fmt::Display for NexthopKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} node {}", self.0, self.1)
+        match self {
+            NexthopKey::Tunnel(family, node) => write!(f, "{family} node {node}"),
+            NexthopKey::Direct(gateway) => write!(f, "via {gateway}"),
+        }
     }
 }
 
@@ -158,7 +192,7 @@ pub struct FdbKey(pub Family, pub MacAddr);
 
 impl fmt::Display for FdbKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} dev {}", self.1, self.0.device_name())
+        write!(f, "{} ({})", self.1, self.0)
     }
 }
 
@@ -168,13 +202,31 @@ impl Desired for VxlanDevice {
     fn key(&self) -> Family {
         self.family
     }
+    fn describe(&self, _: &DeviceNames) -> String {
+        self.to_string()
+    }
 }
 
-impl Desired for TunnelNexthop {
+impl Desired for Nexthop {
     const KIND: &'static str = "nexthop";
     type Key = NexthopKey;
     fn key(&self) -> NexthopKey {
-        NexthopKey(self.family, self.node.clone())
+        match &self.via {
+            NexthopVia::Tunnel { family, node } => NexthopKey::Tunnel(*family, node.clone()),
+            NexthopVia::Direct { .. } => NexthopKey::Direct(self.gateway),
+        }
+    }
+    fn describe(&self, devices: &DeviceNames) -> String {
+        match &self.via {
+            NexthopVia::Tunnel { family, node } => format!(
+                "nexthop of node {node} via {} dev {} onlink",
+                self.gateway,
+                devices.of(*family)
+            ),
+            NexthopVia::Direct { interface } => {
+                format!("nexthop via {} dev {} onlink", self.gateway, interface.name)
+            }
+        }
     }
 }
 
@@ -184,6 +236,20 @@ impl Desired for Route {
     fn key(&self) -> IpNetwork {
         self.dst
     }
+    fn describe(&self, devices: &DeviceNames) -> String {
+        let dst = self.dst;
+        let dev = devices.of(Family::of_net(&dst));
+        match &self.target {
+            RouteTarget::Tunnel { gateway, .. } => {
+                format!("route {dst} via {gateway} dev {dev} onlink")
+            }
+            RouteTarget::Connected { .. } => format!("route {dst} dev {dev} scope link"),
+            RouteTarget::Direct { gateway, interface } => {
+                format!("route {dst} via {gateway} dev {} onlink", interface.name)
+            }
+            RouteTarget::Blackhole => format!("route blackhole {dst}"),
+        }
+    }
 }
 
 impl Desired for Neighbor {
@@ -191,6 +257,14 @@ impl Desired for Neighbor {
     type Key = IpAddr;
     fn key(&self) -> IpAddr {
         self.address
+    }
+    fn describe(&self, devices: &DeviceNames) -> String {
+        format!(
+            "neighbor {} lladdr {} dev {}",
+            self.address,
+            self.mac,
+            devices.of(Family::of_addr(&self.address))
+        )
     }
 }
 
@@ -200,6 +274,17 @@ impl Desired for FdbEntry {
     fn key(&self) -> FdbKey {
         FdbKey(self.family, self.mac)
     }
+    fn describe(&self, devices: &DeviceNames) -> String {
+        format!(
+            "fdb {} dev {} dst {}",
+            self.mac,
+            devices.of(self.family),
+            self.destination
+        )
+    }
+    fn describe_key(key: &FdbKey, devices: &DeviceNames) -> String {
+        format!("fdb entry {} dev {}", key.1, devices.of(key.0))
+    }
 }
 
 impl Desired for IpsetMember {
@@ -207,6 +292,10 @@ impl Desired for IpsetMember {
     type Key = IpNetwork;
     fn key(&self) -> IpNetwork {
         self.0
+    }
+    fn describe(&self, _: &DeviceNames) -> String {
+        let family = Family::of_net(&self.0);
+        format!("ipset {} member {}", family.ipset_name(), self.0)
     }
 }
 
@@ -224,68 +313,5 @@ impl fmt::Display for VxlanDevice {
             self.mac,
             self.mtu
         )
-    }
-}
-
-impl fmt::Display for Route {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let dev = Family::of_net(&self.dst).device_name();
-        match &self.target {
-            RouteTarget::Tunnel { gateway, .. } => {
-                write!(f, "route {} via {gateway} dev {dev} onlink", self.dst)
-            }
-            RouteTarget::Connected { .. } => write!(f, "route {} dev {dev} scope link", self.dst),
-            RouteTarget::Direct { gateway, interface } => {
-                write!(
-                    f,
-                    "route {} via {gateway} dev {} onlink",
-                    self.dst, interface.name
-                )
-            }
-            RouteTarget::Blackhole => write!(f, "route blackhole {}", self.dst),
-        }
-    }
-}
-
-impl fmt::Display for TunnelNexthop {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "nexthop of node {} via {} dev {} onlink",
-            self.node,
-            self.gateway,
-            self.family.device_name()
-        )
-    }
-}
-
-impl fmt::Display for Neighbor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "neighbor {} lladdr {} dev {}",
-            self.address,
-            self.mac,
-            Family::of_addr(&self.address).device_name()
-        )
-    }
-}
-
-impl fmt::Display for FdbEntry {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "fdb {} dev {} dst {}",
-            self.mac,
-            self.family.device_name(),
-            self.destination
-        )
-    }
-}
-
-impl fmt::Display for IpsetMember {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let family = Family::of_net(&self.0);
-        write!(f, "ipset {} member {}", family.ipset_name(), self.0)
     }
 }

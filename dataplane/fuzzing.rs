@@ -9,7 +9,7 @@ use prost::Message;
 
 use crate::config::Config;
 use crate::desired::{
-    Change, Delta, Desired, FdbEntry, IpsetMember, Neighbor, ParentInterface, Route, TunnelNexthop,
+    Change, Delta, Desired, FdbEntry, IpsetMember, Neighbor, Nexthop, ParentInterface, Route,
     VxlanDevice,
 };
 use crate::manager::Manager;
@@ -78,7 +78,7 @@ type Map<T> = HashMap<<T as Desired>::Key, T>;
 #[derive(Default)]
 struct Assembled {
     devices: Map<VxlanDevice>,
-    nexthops: Map<TunnelNexthop>,
+    nexthops: Map<Nexthop>,
     routes: Map<Route>,
     neighbors: Map<Neighbor>,
     fdb: Map<FdbEntry>,

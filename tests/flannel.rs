@@ -39,6 +39,16 @@ fn leases(c: &FlannelCluster) -> Vec<(String, serde_json::Value)> {
         .collect()
 }
 
+/// Node `i`'s vxmgrd's GetState.
+fn dataplane_state(c: &FlannelCluster, i: u8) -> vxmgr::wire::vxmgr::v1::DataplaneState {
+    block_on(async {
+        let mut client = vxmgr::client::dataplane(&c.cluster.node(i).socket).await?;
+        let request = vxmgr::wire::vxmgr::v1::GetStateRequest {};
+        anyhow::Ok(client.get_state(request).await?.into_inner())
+    })
+    .expect("GetState")
+}
+
 /// The lease key of a node's subnets, as flannel writes it.
 fn key_of(s: &Subnets) -> String {
     let part = |n: ipnetwork::IpNetwork| format!("{}-{}", n.network(), n.prefix());
@@ -232,6 +242,13 @@ fn vxlan_nodes_lease_subnets_and_pods_ping_over_ipv4_and_ipv6() {
                 "{dev} on node-{from} carried the pings"
             );
         }
+    }
+
+    // Nothing the agents sent is refused: no local block over the pods'
+    // gateway address, say.
+    for i in 1..=3 {
+        let failing = dataplane_state(&c, i).failing_objects;
+        assert!(failing.is_empty(), "node-{i}: {failing:?}");
     }
 
     // A node leaves: its agent stops (its lease stays until its TTL), then
@@ -464,4 +481,18 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
         "good routes kept: {before:#?} against {after:#?}"
     );
     assert!(!after.iter().any(|r| r.starts_with("10.50.201.0/24")));
+    // vxmgrd reports the far node's route, unprogrammed, as waiting.
+    let state = dataplane_state(&c, 1);
+    let waiting = state.ipv4.expect("IPv4 state").waiting_routes;
+    assert!(
+        waiting
+            .iter()
+            .any(|w| w.dst == "10.50.201.0/24" && w.node == "10.50.201.0-24"),
+        "GetState's waiting routes: {waiting:?}"
+    );
+    assert!(
+        state.failing_objects.is_empty(),
+        "{:?}",
+        state.failing_objects
+    );
 }

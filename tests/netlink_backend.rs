@@ -16,8 +16,8 @@ use ipnetwork::IpNetwork;
 use serde_json::Value;
 
 use vxmgr::desired::{
-    Change, Delta, FdbEntry, IpsetMember, Neighbor, ParentInterface, Route, RouteTarget,
-    TunnelNexthop, VxlanDevice,
+    Change, Delta, FdbEntry, IpsetMember, Neighbor, Nexthop, NexthopVia, ParentInterface, Route,
+    RouteTarget, VxlanDevice,
 };
 use vxmgr::kernel::netlink::NetlinkBackend;
 use vxmgr::kernel::objects::{
@@ -1198,11 +1198,21 @@ fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
             mtu,
             address: Family::host_net(ip(&pick("10.244.0.0", "fd10:244::"))),
         }));
+        let direct_gateway = ip(&pick("192.0.2.3", "2001:db8::3"));
         if with_nexthops {
-            delta.nexthops.push(change(TunnelNexthop {
-                family,
-                node: node_b.clone(),
+            delta.nexthops.push(change(Nexthop {
                 gateway: tunnel_gateway,
+                via: NexthopVia::Tunnel {
+                    family,
+                    node: node_b.clone(),
+                },
+                protocol: PROTOCOL,
+            }));
+            delta.nexthops.push(change(Nexthop {
+                gateway: direct_gateway,
+                via: NexthopVia::Direct {
+                    interface: underlay.clone(),
+                },
                 protocol: PROTOCOL,
             }));
         }
@@ -1232,7 +1242,7 @@ fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
                 route(
                     pick("10.244.2.0/26", "fd10:244:2::/122"),
                     RouteTarget::Direct {
-                        gateway: ip(&pick("192.0.2.3", "2001:db8::3")),
+                        gateway: direct_gateway,
                         interface: underlay.clone(),
                     },
                     None,
@@ -1324,9 +1334,16 @@ fn reconciler_converges(test: &str, mode: NexthopMode) {
         let routes = probe.ip_json(&["-6", "route", "show", "proto", "80"]);
         assert_eq!(routes.as_array().unwrap().len(), 4, "{routes}");
         let tunnel = probe.ip_json(&["route", "show", "10.244.1.0/26"]);
+        let direct = probe.ip_json(&["route", "show", "10.244.2.0/26"]);
         match with_nexthops {
-            true => assert!(tunnel[0]["nhid"].is_number(), "{tunnel}"),
-            false => assert_eq!(tunnel[0]["gateway"], "10.244.1.0"),
+            true => {
+                assert!(tunnel[0]["nhid"].is_number(), "{tunnel}");
+                assert!(direct[0]["nhid"].is_number(), "{direct}");
+            }
+            false => {
+                assert_eq!(tunnel[0]["gateway"], "10.244.1.0");
+                assert_eq!(direct[0]["gateway"], "192.0.2.3");
+            }
         }
 
         // A restarted daemon adopts the kernel's state: its first batch

@@ -214,9 +214,13 @@ fn same_subnet_routes_carry_traffic_without_encapsulation() {
     }
     let cluster = running_cluster(2, &[], true);
     let (a, b) = (cluster.node(1), cluster.node(2));
-    assert!(routes(&a.ns, Family::V4).contains("10.244.2.0/26 via 192.168.10.2 dev eth0 onlink"));
+    // Through a nexthop object per node address, as tunnelled routes go.
     assert!(
-        routes(&a.ns, Family::V6).contains("fd00:244:0:2::/122 via fd00:10::2 dev eth0 onlink")
+        routes(&a.ns, Family::V4).contains("10.244.2.0/26 nhid via 192.168.10.2 dev eth0 onlink")
+    );
+    assert!(
+        routes(&a.ns, Family::V6)
+            .contains("fd00:244:0:2::/122 nhid via fd00:10::2 dev eth0 onlink")
     );
     for (dev, target) in [
         ("vxlan.calico", b.pod_v4()),
@@ -404,7 +408,7 @@ fn same_subnet_routes_follow_the_parent_address_to_another_interface() {
     testbed::sh(&a.ns, "ip addr add 192.168.10.1/24 dev eth1").unwrap();
     monitor
         .wait_for("the route moved to eth1", WAIT, |l| {
-            l.starts_with("10.244.2.0/26 via 192.168.10.2 dev eth1")
+            l.starts_with("10.244.2.0/26 nhid ") && l.contains(" via 192.168.10.2 dev eth1 ")
         })
         .unwrap();
     let info = &link(&a.ns, "vxlan.calico")["linkinfo"]["info_data"];
@@ -718,10 +722,7 @@ fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
     run_in(&a.ns, &["ip", "link", "set", "eth0", "up"]);
     await_all(
         &mut monitor,
-        &[
-            "10.244.2.0/26 via 192.168.10.2 dev eth0",
-            "fd00:244:0:2::/122 via fd00:10::2 dev eth0",
-        ],
+        &["10.244.2.0/26 nhid", "fd00:244:0:2::/122 nhid"],
     );
     assert_eq!(
         [routes(&a.ns, Family::V4), routes(&a.ns, Family::V6)],

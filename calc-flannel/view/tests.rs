@@ -194,8 +194,15 @@ fn host_gw_golden() {
     out.extend(v.put(&far));
     out.extend(v.put(&vxlan_lease(4, false)));
     golden.step(
-        "a node on this segment, one not (not programmed), a vxlan lease (ignored)",
+        "a node on this segment, one not (without its address: not routed), a vxlan lease (ignored)",
         out,
+    );
+    let state = manager_state(&v.snapshot());
+    let waiting = &state.ipv4.unwrap().waiting_routes;
+    let far_route = waiting.iter().find(|w| w.dst == "10.244.3.0/24");
+    assert!(
+        far_route.is_some_and(|w| w.node == "10.244.3.0-24" && w.reason.contains("dstNodeIp")),
+        "vxmgrd reports the far node's route as waiting: {waiting:?}"
     );
     golden.step("the snapshot a new stream gets", v.snapshot());
     golden.step("the near node leaves", v.delete(&near.key));

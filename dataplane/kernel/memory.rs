@@ -27,6 +27,9 @@ pub struct MemoryKernel {
     pub links: BTreeMap<u32, Link>,
     pub routes: HashMap<IpNetwork, KernelRoute>,
     pub nexthops: BTreeMap<u32, KernelNexthop>,
+    /// Ids of nexthops added without `onlink` (as hosts add them): never
+    /// of vxmgr's shape, whatever their protocol and interface.
+    pub plain_nexthops: BTreeSet<u32>,
     pub neighbors: HashMap<(u32, IpAddr), KernelNeighbor>,
     pub fdb: HashMap<(u32, MacAddr), KernelFdb>,
     pub ipsets: HashMap<String, BTreeSet<IpNetwork>>,
@@ -364,8 +367,10 @@ impl MemoryKernel {
             KernelOp::ReplaceNexthop(n) => {
                 self.require_up(n.ifindex)?;
                 self.nexthops.insert(n.id, *n);
+                self.plain_nexthops.remove(&n.id);
             }
             KernelOp::DeleteNexthop(n) => {
+                self.plain_nexthops.remove(&n.id);
                 self.nexthops
                     .remove(&n.id)
                     .ok_or(KernelError::from_errno(libc::ENOENT))?;
@@ -457,7 +462,13 @@ impl MemoryKernel {
             })
             .collect();
         let routes = self.routes.values().map(|r| TableRoute::Shaped(*r));
-        let nexthops = self.nexthops.values().map(|n| DumpedNexthop::Single(*n));
+        let nexthops = self
+            .nexthops
+            .values()
+            .map(|n| match self.plain_nexthops.contains(&n.id) {
+                true => DumpedNexthop::Other(n.id),
+                false => DumpedNexthop::Single(*n),
+            });
         KernelState {
             neighbors,
             fdb,

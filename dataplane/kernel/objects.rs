@@ -157,7 +157,8 @@ pub enum TableRoute {
     Other(ForeignRoute),
 }
 
-/// A nexthop object: `id <id> via <gateway> dev <ifindex> onlink proto <protocol>`.
+/// A nexthop object: `id <id> via <gateway> dev <ifindex> onlink proto <protocol>`,
+/// on a VXLAN device (tunnel) or a parent interface (direct).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelNexthop {
     pub id: u32,
@@ -301,10 +302,13 @@ impl Ownership {
         protocol == self.protocol || self.earlier_protocols.contains(&protocol)
     }
 
-    /// Whether a nexthop is ours: our protocol, via a gateway on one of our
-    /// devices (`devices`: their interface indexes).
+    /// Whether a nexthop (a single gateway, onlink) is ours: our protocol,
+    /// via a gateway on one of our devices (`devices`: their interface
+    /// indexes) or on a parent (direct routes' nexthops). A nexthop without
+    /// `onlink` is never dumped as one of vxmgr's shape.
     pub fn owns_nexthop(&self, nexthop: &KernelNexthop, devices: &[u32]) -> bool {
-        self.is_ours(nexthop.protocol) && devices.contains(&nexthop.ifindex)
+        self.is_ours(nexthop.protocol)
+            && (devices.contains(&nexthop.ifindex) || self.parents.contains(&nexthop.ifindex))
     }
 
     /// Whether a route of one of vxmgr's shapes is ours: our protocol, and

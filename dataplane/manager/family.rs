@@ -10,6 +10,7 @@
 //! | local VTEP + parent interface | the device; without them an existing device is left as it is (Felix only notes that local information is missing) |
 //! | removed local VTEP | nothing changes: the device stays, and so does the parent address the parent interface is found by |
 //! | remote VTEP | nexthop via its tunnel address; ARP/NDP and FDB entries and ipset member only when its MAC and parent address are good |
+//! | node address of direct routes | nexthop via it on the parent, while the parent is known |
 //! | remote block, VXLAN pool | `via <tunnel address> dev <device> onlink`, waiting for the node's VTEP; direct when same-subnet with a node address and the parent known |
 //! | remote block, NO_ENCAP pool | `via <node address> dev <parent> onlink` only: never tunnelled, waiting for the parent or a node address |
 //! | remote tunnel address | connected on the device |
@@ -23,8 +24,8 @@ use ipnetwork::IpNetwork;
 
 use crate::config::Settings;
 use crate::desired::{
-    Change, Delta, Desired, FdbEntry, FdbKey, IpsetMember, Neighbor, NexthopKey, ParentInterface,
-    Route, RouteTarget, TunnelNexthop, VxlanDevice,
+    Change, Delta, Desired, FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey,
+    NexthopVia, ParentInterface, Route, RouteTarget, VxlanDevice,
 };
 use crate::model::update::{Rejection, quote};
 use crate::model::{
@@ -122,7 +123,7 @@ impl std::fmt::Display for WaitReason {
                 "no-encap route, never tunnelled: waiting for the parent interface"
             }
             WaitReason::NoNodeAddress => {
-                "no-encap route, never tunnelled: it has no dstNodeIp to go to"
+                "no-encap route, never tunnelled: the calc gave no dstNodeIp to route it to (none, or none on this node's network)"
             }
         })
     }
@@ -155,7 +156,7 @@ pub struct FamilySnapshot {
 struct Dirty {
     device: bool,
     routes: HashSet<IpNetwork>,
-    nexthops: HashSet<Arc<str>>,
+    nexthops: HashSet<NexthopKey>,
     neighbors: HashSet<IpAddr>,
     fdb: HashSet<MacAddr>,
     ipset: HashSet<IpNetwork>,
@@ -184,6 +185,9 @@ pub struct FamilyManager {
     routes_by_node: HashMap<Arc<str>, HashSet<IpNetwork>>,
     /// Remote routes that go direct when the parent interface is known.
     direct_routes: HashSet<IpNetwork>,
+    /// How many remote routes go direct via each node address: one
+    /// nexthop each.
+    direct_gateways: HashMap<IpAddr, u32>,
     /// Our own addresses from LOCAL_HOST routes (by route): without a local
     /// VTEP, the lowest names the parent interface.
     local_hosts: HashMap<IpNetwork, IpAddr>,
@@ -210,6 +214,7 @@ impl FamilyManager {
             local_blocks: HashSet::new(),
             routes_by_node: HashMap::new(),
             direct_routes: HashSet::new(),
+            direct_gateways: HashMap::new(),
             local_hosts: HashMap::new(),
             dirty: Dirty::default(),
         };
@@ -254,9 +259,13 @@ impl FamilyManager {
             self.mark_all_routes_dirty();
         }
         if old.route_protocol != new.route_protocol {
-            self.dirty
-                .nexthops
-                .extend(self.remote_vteps.keys().cloned());
+            let family = self.family;
+            self.dirty.nexthops.extend(
+                self.remote_vteps
+                    .keys()
+                    .map(|node| NexthopKey::Tunnel(family, node.clone())),
+            );
+            self.mark_direct_nexthops_dirty();
         }
         for net in old.external_nodes {
             self.unref_ipset(net);
@@ -280,6 +289,12 @@ impl FamilyManager {
         } else {
             self.dirty.routes.extend(self.direct_routes.iter().copied());
         }
+        self.mark_direct_nexthops_dirty();
+    }
+
+    fn mark_direct_nexthops_dirty(&mut self) {
+        let keys = self.direct_gateways.keys().map(|g| NexthopKey::Direct(*g));
+        self.dirty.nexthops.extend(keys);
     }
 
     fn mark_all_routes_dirty(&mut self) {
@@ -299,8 +314,13 @@ impl FamilyManager {
                 .or_default()
                 .insert(route.dst);
             let direct_via = route.direct_via();
-            if direct_via.is_some() {
+            if let Some(gateway) = direct_via {
                 self.direct_routes.insert(route.dst);
+                let users = self.direct_gateways.entry(gateway).or_insert(0);
+                *users += 1;
+                if *users == 1 {
+                    self.dirty.nexthops.insert(NexthopKey::Direct(gateway));
+                }
             }
             self.remote_routes.insert(
                 route.dst,
@@ -342,6 +362,15 @@ impl FamilyManager {
                 }
             }
             self.direct_routes.remove(&dst);
+            if let Some(gateway) = r.direct_via
+                && let Some(users) = self.direct_gateways.get_mut(&gateway)
+            {
+                *users -= 1;
+                if *users == 0 {
+                    self.direct_gateways.remove(&gateway);
+                    self.dirty.nexthops.insert(NexthopKey::Direct(gateway));
+                }
+            }
         }
         let local = self.local_blocks.remove(&dst);
         let forgot = remote.is_some() || local;
@@ -508,7 +537,9 @@ impl FamilyManager {
         if let Some(addrs) = vtep.complete() {
             self.dirty.fdb.insert(addrs.mac);
         }
-        self.dirty.nexthops.insert(node.clone());
+        self.dirty
+            .nexthops
+            .insert(NexthopKey::Tunnel(self.family, node.clone()));
         if let Some(routes) = self.routes_by_node.get(node) {
             self.dirty.routes.extend(routes.iter().copied());
         }
@@ -602,12 +633,25 @@ impl FamilyManager {
         }
     }
 
-    fn desired_nexthop(&self, node: &Arc<str>) -> Option<TunnelNexthop> {
-        let (node, vtep) = self.remote_vteps.get_key_value(node)?;
-        Some(TunnelNexthop {
-            family: self.family,
-            node: node.clone(),
-            gateway: vtep.tunnel_ip(),
+    fn desired_nexthop(&self, key: &NexthopKey) -> Option<Nexthop> {
+        let (gateway, via) = match key {
+            NexthopKey::Tunnel(_, node) => {
+                let (node, vtep) = self.remote_vteps.get_key_value(node)?;
+                let via = NexthopVia::Tunnel {
+                    family: self.family,
+                    node: node.clone(),
+                };
+                (vtep.tunnel_ip(), via)
+            }
+            NexthopKey::Direct(gateway) => {
+                self.direct_gateways.get(gateway)?;
+                let interface = self.parent.clone()?;
+                (*gateway, NexthopVia::Direct { interface })
+            }
+        };
+        Some(Nexthop {
+            gateway,
+            via,
             protocol: self.settings.route_protocol,
         })
     }
@@ -651,9 +695,9 @@ impl FamilyManager {
         }
         delta
             .nexthops
-            .extend(dirty.nexthops.into_iter().map(|node| Change {
-                desired: self.desired_nexthop(&node),
-                key: NexthopKey(self.family, node),
+            .extend(dirty.nexthops.into_iter().map(|key| Change {
+                desired: self.desired_nexthop(&key),
+                key,
             }));
         delta
             .routes
@@ -689,10 +733,11 @@ impl FamilyManager {
         }
         let s = self.snapshot();
         delta.devices.extend(all(s.device.into_iter()));
-        delta.nexthops.extend(all(self
-            .remote_vteps
-            .keys()
-            .filter_map(|n| self.desired_nexthop(n))));
+        let tunnel = (self.remote_vteps.keys()).map(|n| NexthopKey::Tunnel(self.family, n.clone()));
+        let direct = self.direct_gateways.keys().map(|g| NexthopKey::Direct(*g));
+        delta.nexthops.extend(all(tunnel
+            .chain(direct)
+            .filter_map(|k| self.desired_nexthop(&k))));
         delta.routes.extend(all(s.routes.into_iter()));
         delta.neighbors.extend(all(s.neighbors.into_iter()));
         delta.fdb.extend(all(s.fdb.into_iter()));

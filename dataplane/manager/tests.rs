@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use super::*;
-use crate::config::SettingsLayer;
-use crate::desired::{Change, Route, RouteTarget};
+use crate::config::{DeviceNames, SettingsLayer};
+use crate::desired::{Change, Desired, Route, RouteTarget};
 use crate::model::update::Rejection;
 use crate::wire::felix::{
     self, IpPoolType, RouteRemove, RouteType, RouteUpdate, ToDataplane, VxlanTunnelEndpointRemove,
@@ -165,10 +165,10 @@ fn design_example_two_nodes() {
     let shown: Vec<String> = snap
         .routes
         .iter()
-        .map(ToString::to_string)
-        .chain(snap.neighbors.iter().map(ToString::to_string))
-        .chain(snap.fdb.iter().map(ToString::to_string))
-        .chain(snap.ipset.iter().map(ToString::to_string))
+        .map(described)
+        .chain(snap.neighbors.iter().map(described))
+        .chain(snap.fdb.iter().map(described))
+        .chain(snap.ipset.iter().map(described))
         .collect();
     assert_eq!(
         shown,
@@ -275,7 +275,7 @@ fn vtep_change_moves_l2_entries_ipset_nexthop_and_routes() {
     let nexthop = delta
         .nexthops
         .iter()
-        .find(|c| c.key.0 == Family::V4)
+        .find(|c| c.key.family() == Family::V4)
         .and_then(|c| c.desired.clone())
         .unwrap();
     assert_eq!(nexthop.gateway.to_string(), "10.244.1.128");
@@ -697,7 +697,7 @@ fn families_are_independent() {
     let v6 = m.family(Family::V6).snapshot();
     assert_eq!(v6.device.unwrap().mtu, 1430, "IPv6 overhead is 70");
     assert_eq!(
-        v6.ipset[0].to_string(),
+        described(&v6.ipset[0]),
         "ipset cali60all-vxlan-net member fd00:10::3/128"
     );
 }
@@ -871,14 +871,19 @@ fn config_changes_reach_the_device_and_routes() {
     assert!(m.complete_deferred_work().is_empty());
 }
 
+/// An object as errors and logs show it, with Felix's device names.
+fn described<T: Desired>(object: &T) -> String {
+    object.describe(&DeviceNames::default())
+}
+
 /// Neighbours, FDB entries and ipset members of one family, printed.
 fn l2_and_ipset(m: &Manager, family: Family) -> Vec<String> {
     let s = m.family(family).snapshot();
     s.neighbors
         .iter()
-        .map(ToString::to_string)
-        .chain(s.fdb.iter().map(ToString::to_string))
-        .chain(s.ipset.iter().map(ToString::to_string))
+        .map(described)
+        .chain(s.fdb.iter().map(described))
+        .chain(s.ipset.iter().map(described))
         .collect()
 }
 
@@ -1060,7 +1065,7 @@ fn a_bad_mac_drops_a_nodes_l2_entries_and_ipset_member_but_keeps_its_routes() {
         tunnel_via("node-b", "10.244.1.0"),
         "still routed via its tunnel address"
     );
-    let nexthop = delta.nexthops.iter().find(|c| c.key.0 == Family::V4);
+    let nexthop = delta.nexthops.iter().find(|c| c.key.family() == Family::V4);
     assert!(nexthop.is_some_and(|c| c.desired.is_some()), "{delta:#?}");
     for kind in [
         delta

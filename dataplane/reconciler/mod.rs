@@ -23,8 +23,8 @@ use tracing::{debug, info, warn};
 
 use crate::config::DeviceNames;
 use crate::desired::{
-    Delta, FdbEntry, FdbKey, IpsetMember, Neighbor, NexthopKey, ParentInterface, Route,
-    RouteTarget, TunnelNexthop, VxlanDevice,
+    Delta, FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey, NexthopVia,
+    ParentInterface, Route, RouteTarget, VxlanDevice,
 };
 use crate::kernel::objects::{
     ForeignRoute, IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link,
@@ -36,7 +36,7 @@ use host::HostView;
 use nexthops::NexthopIds;
 use table::{AnyTable, Effect, Plan, Programmable, RenderContext, Table};
 
-/// Whether tunnel routes use nexthop objects.
+/// Whether tunnel and direct routes use nexthop objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum NexthopMode {
     /// Use them when the kernel has them.
@@ -156,7 +156,7 @@ pub struct Reconciler<B: KernelBackend> {
     sweep: bool,
     devices: [DeviceSlot; 2],
     nexthop_ids: NexthopIds,
-    nexthops: Table<TunnelNexthop>,
+    nexthops: Table<Nexthop>,
     routes: Table<Route>,
     neighbors: Table<Neighbor>,
     fdb: Table<FdbEntry>,
@@ -332,6 +332,13 @@ impl<B: KernelBackend> Reconciler<B> {
             slot.dirty = true;
         }
         for change in delta.nexthops {
+            if let Some(Nexthop {
+                via: NexthopVia::Direct { interface },
+                ..
+            }) = &change.desired
+            {
+                self.claim_parent(interface.index);
+            }
             let key = change.key.clone();
             let wanted = change.desired.is_some();
             if let Some(nexthop) = &change.desired {
@@ -388,6 +395,8 @@ impl<B: KernelBackend> Reconciler<B> {
                 }
             }
             self.device_names = request.device_names;
+            let names = self.device_names.clone();
+            (self.tables_mut().into_iter()).for_each(|t| t.set_device_names(&names));
             self.resync_due = Some(Instant::now());
         }
         self.resync_if_due(&mut report).await;
@@ -699,7 +708,7 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 
     /// Gives the wanted nexthops that have none an id, adopting matching
-    /// kernel nexthops. Only nodes new since the last pass are looked at.
+    /// kernel nexthops. Only nexthops new since the last pass are looked at.
     fn assign_nexthop_ids(&mut self) {
         let devices = &self.devices;
         let nexthops = &mut self.nexthops;
@@ -711,7 +720,13 @@ impl<B: KernelBackend> Reconciler<B> {
             if ids.get(key).is_some() {
                 return false;
             }
-            let Some(index) = devices[key.0 as usize].link.as_ref().map(|l| l.index) else {
+            let interface = match &nexthop.via {
+                NexthopVia::Tunnel { family, .. } => {
+                    devices[*family as usize].link.as_ref().map(|l| l.index)
+                }
+                NexthopVia::Direct { interface } => Some(interface.index),
+            };
+            let Some(index) = interface else {
                 return true;
             };
             if let (_, Some(adopted)) = ids.assign(nexthop, index) {
@@ -725,7 +740,7 @@ impl<B: KernelBackend> Reconciler<B> {
     /// gateway in place would make the kernel walk every route in every
     /// table (`fib_info_notify_update`), a cost that grows with the cluster;
     /// a new nexthop costs only the node's own routes moving over to it.
-    fn retire_if_moved(&mut self, key: &NexthopKey, wanted: &TunnelNexthop) {
+    fn retire_if_moved(&mut self, key: &NexthopKey, wanted: &Nexthop) {
         let moved = self
             .nexthops
             .actual

@@ -1,10 +1,11 @@
-//! Nexthop ids: one per remote node and family. Ids found in the kernel are
-//! adopted by the node whose gateway they already point at, so a restart
-//! re-uses them instead of rewriting every route.
+//! Nexthop ids: one per remote node and family, and one per direct
+//! gateway. Ids found in the kernel are adopted by the nexthop whose gateway
+//! and interface they already have, so a restart re-uses them instead of
+//! rewriting every route.
 
 use foldhash::{HashMap, HashSet};
 
-use crate::desired::{NexthopKey, TunnelNexthop};
+use crate::desired::{Desired, Nexthop, NexthopKey};
 use crate::kernel::objects::KernelNexthop;
 
 /// Ids start high so they are unlikely to meet another agent's.
@@ -70,19 +71,15 @@ impl NexthopIds {
     /// An id for `nexthop`: one it already has, an unclaimed kernel nexthop
     /// with the same gateway on the same device (returned, to be taken as
     /// actual state), or a fresh one.
-    pub fn assign(
-        &mut self,
-        nexthop: &TunnelNexthop,
-        device_index: u32,
-    ) -> (u32, Option<KernelNexthop>) {
-        let key = NexthopKey(nexthop.family, nexthop.node.clone());
+    pub fn assign(&mut self, nexthop: &Nexthop, interface: u32) -> (u32, Option<KernelNexthop>) {
+        let key = nexthop.key();
         if let Some(id) = self.by_key.get(&key) {
             return (*id, None);
         }
         let adopted = self
             .unclaimed
             .values()
-            .find(|n| n.gateway == nexthop.gateway && n.ifindex == device_index)
+            .find(|n| n.gateway == nexthop.gateway && n.ifindex == interface)
             .copied();
         let id = match adopted {
             Some(n) => {

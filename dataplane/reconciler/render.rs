@@ -1,11 +1,13 @@
 //! Desired objects in kernel terms: device names become interface indexes,
-//! a node's tunnel gateway becomes its nexthop id when nexthops are in use.
+//! a route's gateway becomes its nexthop's id when nexthops are in use.
 
 use ipnetwork::IpNetwork;
 
 use super::table::{Programmable, RenderContext};
-use crate::desired::NexthopKey;
-use crate::desired::{FdbEntry, IpsetMember, Neighbor, Route, RouteTarget, TunnelNexthop};
+use crate::desired::Desired;
+use crate::desired::{
+    FdbEntry, IpsetMember, Neighbor, Nexthop, NexthopKey, NexthopVia, Route, RouteTarget,
+};
 use crate::kernel::objects::{
     IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
 };
@@ -19,9 +21,8 @@ impl Programmable for Route {
         let via = match &self.target {
             RouteTarget::Tunnel { node, gateway } => {
                 if ctx.use_nexthops() {
-                    KernelRouteVia::Nexthop(
-                        ctx.programmed_nexthop(&NexthopKey(family, node.clone()))?,
-                    )
+                    let key = NexthopKey::Tunnel(family, node.clone());
+                    KernelRouteVia::Nexthop(ctx.programmed_nexthop(&key)?)
                 } else {
                     KernelRouteVia::Gateway {
                         gateway: *gateway,
@@ -30,10 +31,18 @@ impl Programmable for Route {
                 }
             }
             RouteTarget::Connected { .. } => KernelRouteVia::Link(ctx.device_index(family)?),
-            RouteTarget::Direct { gateway, interface } => KernelRouteVia::Gateway {
-                gateway: *gateway,
-                ifindex: Some(interface.index).filter(|i| ctx.interface_up(*i))?,
-            },
+            RouteTarget::Direct { gateway, interface } => {
+                let ifindex = Some(interface.index).filter(|i| ctx.interface_up(*i))?;
+                if ctx.use_nexthops() {
+                    let key = NexthopKey::Direct(*gateway);
+                    KernelRouteVia::Nexthop(ctx.programmed_nexthop(&key)?)
+                } else {
+                    KernelRouteVia::Gateway {
+                        gateway: *gateway,
+                        ifindex,
+                    }
+                }
+            }
             RouteTarget::Blackhole => KernelRouteVia::Blackhole,
         };
         Some(KernelRoute {
@@ -72,14 +81,20 @@ impl Programmable for Route {
     }
 }
 
-impl Programmable for TunnelNexthop {
+impl Programmable for Nexthop {
     type Kernel = KernelNexthop;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelNexthop> {
+        let ifindex = match &self.via {
+            NexthopVia::Tunnel { family, .. } => ctx.device_index(*family)?,
+            NexthopVia::Direct { interface } => {
+                Some(interface.index).filter(|i| ctx.interface_up(*i))?
+            }
+        };
         Some(KernelNexthop {
-            id: ctx.nexthop_id(&NexthopKey(self.family, self.node.clone()))?,
+            id: ctx.nexthop_id(&self.key())?,
             gateway: self.gateway,
-            ifindex: ctx.device_index(self.family)?,
+            ifindex,
             protocol: self.protocol,
         })
     }

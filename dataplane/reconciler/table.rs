@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use foldhash::{HashMap, HashSet};
 
+use crate::config::DeviceNames;
 use crate::desired::{Change, Desired, NexthopKey};
 use crate::kernel::KernelError;
 use crate::kernel::objects::KernelOp;
@@ -20,9 +21,9 @@ pub trait RenderContext {
     fn device_index(&self, family: Family) -> Option<u32>;
     /// Whether nothing says the interface is down.
     fn interface_up(&self, index: u32) -> bool;
-    /// The id assigned to a node's nexthop.
+    /// The id assigned to a nexthop.
     fn nexthop_id(&self, key: &NexthopKey) -> Option<u32>;
-    /// The id of a node's nexthop once it is in the kernel.
+    /// The id of a nexthop once it is in the kernel.
     fn programmed_nexthop(&self, key: &NexthopKey) -> Option<u32>;
     fn use_nexthops(&self) -> bool;
 }
@@ -157,6 +158,8 @@ pub struct Table<D: Programmable> {
     waiting: HashSet<D::Key>,
     contests: HashMap<D::Key, Contest>,
     contest_window: Duration,
+    /// The VXLAN devices' names in effect, for descriptions.
+    devices: DeviceNames,
 }
 
 impl<D: Programmable> Table<D> {
@@ -173,6 +176,7 @@ impl<D: Programmable> Table<D> {
             waiting: HashSet::default(),
             contests: HashMap::default(),
             contest_window,
+            devices: DeviceNames::default(),
         }
     }
 
@@ -350,8 +354,8 @@ impl<D: Programmable> Table<D> {
 
     fn describe_key(&self, key: &D::Key) -> String {
         match self.desired.get(key) {
-            Some(d) => d.to_string(),
-            None => format!("{} {key}", D::KIND),
+            Some(d) => d.describe(&self.devices),
+            None => D::describe_key(key, &self.devices),
         }
     }
 
@@ -477,9 +481,9 @@ impl<D: Programmable> Table<D> {
     /// "adding route 10.0.1.0/26 via ...", for errors and logs.
     pub fn describe(&self, planned: &Planned<D>) -> String {
         match (planned.effect, self.desired.get(&planned.key)) {
-            (Effect::Added, Some(d)) => format!("adding {d}"),
-            (Effect::Changed, Some(d)) => format!("replacing {d}"),
-            _ => format!("deleting {} {}", D::KIND, planned.key),
+            (Effect::Added, Some(d)) => format!("adding {}", d.describe(&self.devices)),
+            (Effect::Changed, Some(d)) => format!("replacing {}", d.describe(&self.devices)),
+            _ => format!("deleting {}", D::describe_key(&planned.key, &self.devices)),
         }
     }
 
@@ -522,6 +526,8 @@ impl<D: Programmable> Table<D> {
 
 /// What the reconciler does to every table alike, whatever its kind.
 pub trait AnyTable {
+    /// The VXLAN devices' names in effect, for descriptions.
+    fn set_device_names(&mut self, names: &DeviceNames);
     fn clear_desired(&mut self);
     fn mark_stale(&mut self);
     fn mark_all_pending(&mut self);
@@ -534,6 +540,10 @@ pub trait AnyTable {
 }
 
 impl<D: Programmable> AnyTable for Table<D> {
+    fn set_device_names(&mut self, names: &DeviceNames) {
+        self.devices = names.clone();
+    }
+
     fn clear_desired(&mut self) {
         Table::clear_desired(self)
     }

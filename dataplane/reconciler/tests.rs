@@ -7,7 +7,9 @@ mod host;
 use super::*;
 use crate::config::Config;
 use crate::kernel::memory::MemoryBackend;
-use crate::kernel::objects::{KernelNeighbor, KernelRoute, KernelRouteVia, Notification};
+use crate::kernel::objects::{
+    KernelNeighbor, KernelNexthop, KernelRoute, KernelRouteVia, Notification,
+};
 use crate::manager::Manager;
 use crate::model::Update;
 use crate::wire::felix::ToDataplane;
@@ -95,14 +97,19 @@ pub(crate) const CLUSTER: &[&str] = &[
 ];
 pub(crate) const IN_SYNC: &str = r#"{"inSync": {}}"#;
 
-async fn cluster_rig(nexthops: NexthopMode) -> Rig {
+/// A node with `messages` and InSync programmed, recording operations.
+async fn programmed_rig(messages: &[&str], nexthops: NexthopMode) -> Rig {
     let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), nexthops).await;
     rig.kernel.record_operations();
-    rig.send(CLUSTER);
+    rig.send(messages);
     rig.send(&[IN_SYNC]);
     let report = rig.apply().await;
     assert!(report.errors.is_empty(), "{report:?}");
     rig
+}
+
+async fn cluster_rig(nexthops: NexthopMode) -> Rig {
+    programmed_rig(CLUSTER, nexthops).await
 }
 
 #[tokio::test]
@@ -719,6 +726,70 @@ fn direct_route(rig: &Rig) -> Option<KernelRoute> {
         .copied()
 }
 
+/// The nexthop a route goes through.
+fn nexthop_of(rig: &Rig, route: &KernelRoute) -> KernelNexthop {
+    let KernelRouteVia::Nexthop(id) = route.via else {
+        panic!("{route} has no nexthop");
+    };
+    rig.kernel.lock().nexthops[&id]
+}
+
+/// flannel's host-gw: no-encap routes to two blocks of one node and one
+/// block of another, via their addresses on the parent.
+const NO_ENCAP: &[&str] = &[
+    r#"{"routeUpdate": {"types": "LOCAL_HOST", "ipPoolType": "NO_ENCAP", "dst": "192.168.10.1/32", "dstNodeName": "node-a", "dstNodeIp": "192.168.10.1"}}"#,
+    r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "NO_ENCAP", "dst": "10.244.1.0/26", "dstNodeName": "node-b", "dstNodeIp": "192.168.10.2"}}"#,
+    r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "NO_ENCAP", "dst": "10.244.1.64/26", "dstNodeName": "node-b", "dstNodeIp": "192.168.10.2"}}"#,
+    r#"{"routeUpdate": {"types": "REMOTE_WORKLOAD", "ipPoolType": "NO_ENCAP", "dst": "10.244.2.0/26", "dstNodeName": "node-c", "dstNodeIp": "192.168.10.3"}}"#,
+];
+
+#[tokio::test]
+async fn direct_routes_share_a_nexthop_per_node_address_on_the_parent() {
+    let rig = programmed_rig(NO_ENCAP, NexthopMode::On).await;
+    let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
+    let mut nexthops: Vec<(u32, String)> = (rig.kernel.lock().nexthops.values())
+        .map(|n| (n.ifindex, n.gateway.to_string()))
+        .collect();
+    nexthops.sort();
+    assert_eq!(
+        nexthops,
+        [(eth0, "192.168.10.2".into()), (eth0, "192.168.10.3".into())]
+    );
+    let route = direct_route(&rig).unwrap();
+    let other_block = rig.kernel.lock().routes[&"10.244.1.64/26".parse().unwrap()];
+    assert_eq!(
+        route.via, other_block.via,
+        "one nexthop for the node's blocks"
+    );
+    assert_a_restart_touches_nothing(rig, NO_ENCAP).await;
+}
+
+#[tokio::test]
+async fn a_direct_nexthop_goes_with_the_last_route_through_it() {
+    let mut rig = programmed_rig(NO_ENCAP, NexthopMode::On).await;
+    rig.send(&[r#"{"routeRemove": {"dst": "10.244.1.0/26"}}"#]);
+    assert!(rig.apply().await.errors.is_empty());
+    assert_eq!(rig.kernel.lock().nexthops.len(), 2, "node-b's other block");
+    rig.send(&[r#"{"routeRemove": {"dst": "10.244.1.64/26"}}"#]);
+    assert!(rig.apply().await.errors.is_empty());
+    let k = rig.kernel.lock();
+    let gateways: Vec<String> = k.nexthops.values().map(|n| n.gateway.to_string()).collect();
+    assert_eq!(gateways, ["192.168.10.3"]);
+}
+
+#[tokio::test]
+async fn direct_routes_have_inline_gateways_without_nexthops() {
+    let rig = programmed_rig(NO_ENCAP, NexthopMode::Off).await;
+    let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
+    assert!(rig.kernel.lock().nexthops.is_empty());
+    let gateway = "192.168.10.2".parse().unwrap();
+    let via = KernelRouteVia::Gateway {
+        gateway,
+        ifindex: eth0,
+    };
+    assert_eq!(direct_route(&rig).map(|r| r.via), Some(via));
+}
+
 #[tokio::test]
 async fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
     let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
@@ -727,7 +798,11 @@ async fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it(
     assert!(rig.apply().await.errors.is_empty());
     let route = direct_route(&rig).expect("the same-subnet route");
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
-    assert_eq!(route.ifindex(), Some(eth0));
+    let nexthop = nexthop_of(&rig, &route);
+    assert_eq!(
+        (nexthop.ifindex, nexthop.gateway),
+        (eth0, "192.168.10.2".parse().unwrap())
+    );
 
     let mut rx = rig.reconciler.watch().unwrap();
     rig.kernel.set_link_up(eth0, false).unwrap();
@@ -745,24 +820,33 @@ async fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it(
     assert!(rig.reconciler.failing().is_empty());
     let routes_tried = rig.kernel.lock().log[tried..]
         .iter()
-        .filter(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_)))
+        .filter(|op| {
+            matches!(
+                op,
+                KernelOp::AddRoute(_)
+                    | KernelOp::ReplaceRoute(_)
+                    | KernelOp::AddNexthop(_)
+                    | KernelOp::ReplaceNexthop(_)
+            )
+        })
         .count();
     assert_eq!(routes_tried, 0, "nothing goes to a down interface");
 
     rig.kernel.set_link_up(eth0, true).unwrap();
     assert!(notice_all(&mut rig, &mut rx));
     let report = rig.reconciler.repair(Instant::now()).await.unwrap();
-    assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
-    assert_eq!(direct_route(&rig), Some(route));
+    assert_eq!((report.added, report.errors.len()), (2, 0), "{report:?}");
+    assert_eq!(direct_route(&rig), Some(route), "the nexthop and its route");
 }
 
 #[tokio::test]
 async fn a_route_refused_for_a_down_interface_waits_for_it_without_retries() {
     let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
     let eth0 = rig.kernel.lock().link_by_name("eth0").unwrap().index;
-    // The parent is found up, then goes down before the route is added.
+    // The parent is found up, then goes down before the route's nexthop
+    // is added.
     rig.kernel.inject_fault(
-        move |op| matches!(op, KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) if r.ifindex() == Some(eth0)),
+        move |op| matches!(op, KernelOp::AddNexthop(n) | KernelOp::ReplaceNexthop(n) if n.ifindex == eth0),
         libc::ENETDOWN,
     );
     rig.send(SAME_SUBNET);
@@ -775,7 +859,7 @@ async fn a_route_refused_for_a_down_interface_waits_for_it_without_retries() {
     // The links are checked again (as on the interface's notification).
     rig.kernel.clear_faults();
     let report = rig.reconciler.check_devices().await;
-    assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
+    assert_eq!((report.added, report.errors.len()), (2, 0), "{report:?}");
     assert!(direct_route(&rig).is_some());
 }
 

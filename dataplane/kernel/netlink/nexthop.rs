@@ -100,15 +100,18 @@ impl NexthopMessage {
 }
 
 /// The nexthop in an RTM_NEWNEXTHOP payload (struct nhmsg and its
-/// attributes): a single gateway on an interface (vxmgr's shape) or, for a
-/// group, a blackhole and the like, its id alone; `None` when malformed.
+/// attributes): a single gateway onlink on an interface (vxmgr's shape) or,
+/// for any other (a group, a blackhole, a gateway without `onlink`, as
+/// hosts add them), its id alone; `None` when malformed.
 fn parse_nexthop(payload: &[u8]) -> Option<DumpedNexthop> {
     // struct nhmsg { family, scope, protocol, resvd: u8; flags: u32 }
-    let protocol = payload.get(..HEADER_LEN)?[2];
+    let header = payload.get(..HEADER_LEN)?;
+    let protocol = header[2];
+    let flags = u32::from_ne_bytes(header[4..8].try_into().ok()?);
+    let mut other = flags & RTNH_F_ONLINK == 0;
     let mut id = None;
     let mut ifindex = None;
     let mut gateway = None;
-    let mut other = false;
     for attribute in raw::attributes(&payload[HEADER_LEN..]) {
         match attribute.ok()? {
             (NHA_ID, value) => id = Some(raw::u32_value(value)?),
@@ -307,5 +310,20 @@ mod tests {
         group.extend(attribute(NHA_ID, &6u32.to_ne_bytes()));
         group.extend(attribute(NHA_GROUP, &[5, 0, 0, 0, 0, 0, 0, 0]));
         assert_eq!(parse_nexthop(&group), Some(DumpedNexthop::Other(6)));
+    }
+
+    #[test]
+    fn a_gateway_without_onlink_is_not_vxmgrs_shape() {
+        let mut message = NexthopMessage::replace(&KernelNexthop {
+            id: 7,
+            gateway: "192.168.10.254".parse().unwrap(),
+            ifindex: 2,
+            protocol: 80,
+        });
+        message.flags = 0;
+        assert_eq!(
+            parse_nexthop(&payload(&message)),
+            Some(DumpedNexthop::Other(7))
+        );
     }
 }

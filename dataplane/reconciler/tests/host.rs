@@ -164,7 +164,8 @@ async fn only_our_protocol_and_shapes_are_swept() {
         },
         static_route(&rig, "192.0.2.0/24", "192.168.10.254"),
     ];
-    // Our protocol on a nexthop of eth0's, with the id vxmgr would take first.
+    // Our protocol on a nexthop of eth0's (without onlink, as hosts add
+    // them), with the id vxmgr would take first.
     let nexthop = KernelNexthop {
         id: 0x7678_0000,
         gateway: "192.168.10.254".parse().unwrap(),
@@ -175,6 +176,7 @@ async fn only_our_protocol_and_shapes_are_swept() {
         rig.kernel.interfere(KernelOp::ReplaceRoute(route)).unwrap();
     }
     rig.kernel.interfere(KernelOp::AddNexthop(nexthop)).unwrap();
+    rig.kernel.lock().plain_nexthops.insert(nexthop.id);
     rig.reconciler.resync().await.unwrap();
     rig.send(CLUSTER);
     rig.send(&[IN_SYNC]);
