@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use prost::Message;
-use support::{Covered, Daemon, Stream, VXMGRD, covered, felix};
+use support::{Covered, Daemon, Stream, VXMGRD, covered_runs, felix};
 use tokio_stream::StreamExt;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
@@ -129,7 +129,7 @@ async fn health_is_not_serving_until_in_sync() {
 
 #[tokio::test]
 async fn a_client_that_half_closes_after_in_sync_still_hears_it() {
-    let daemon = Daemon::memory_batching_until_stream_end();
+    let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
     stream.send(two_nodes()).await;
     stream.close_send();
@@ -290,8 +290,7 @@ fn bad_flags_are_refused_with_their_value() {
 // test waits for the status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
-    // All four messages are one batch.
-    let daemon = Daemon::memory_batching_until_stream_end();
+    let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
     let lines = [
         r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.0", "parentDeviceIp": "192.168.10.2"}}"#,
@@ -309,8 +308,14 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
         .collect();
     stream.send(messages).await;
     stream.close_send();
-    let status = stream.next_status().await;
-    assert_eq!(covered(&status), (1, 4, 4), "one batch: {status:?}");
+    let statuses = stream.statuses_covering(4).await;
+    assert_eq!(covered_runs(&statuses), [(1, 4, 4)], "{statuses:?}");
+    let (with_bad, others): (Vec<_>, Vec<_>) = statuses
+        .iter()
+        .partition(|s| s.first_sequence <= 3 && 3 <= s.last_sequence);
+    let [status] = with_bad[..] else {
+        panic!("one status covers message 3: {statuses:?}");
+    };
     assert_eq!(status.result, BatchResult::Partial as i32, "{status:?}");
     assert_eq!(status.rejected.len(), 1, "{status:?}");
     assert_eq!(status.rejected[0].sequence_number, 3);
@@ -319,6 +324,10 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
         "{}",
         status.rejected[0].reason
     );
+    assert!(
+        others.iter().all(|s| s.result == BatchResult::Ok as i32),
+        "{statuses:?}"
+    );
     let state = daemon.state().await;
     let v4 = state.ipv4.unwrap();
     let routes: Vec<&str> = v4.tunnel_routes.iter().map(|r| r.dst.as_str()).collect();
@@ -326,10 +335,10 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
     assert_eq!(v4.remote_vteps.len(), 1);
 }
 
-/// The statuses of one stream that sends messages numbered `numbers` and
-/// closes; its batches close only at a break in the numbers and at its end.
-async fn statuses_of_a_stream_numbered(numbers: &[u64]) -> Vec<Covered> {
-    let daemon = Daemon::memory_batching_until_stream_end();
+/// The runs of numbers covered by the statuses of one stream that sends
+/// messages numbered `numbers` and closes.
+async fn runs_of_a_stream_numbered(numbers: &[u64]) -> Vec<Covered> {
+    let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
     let messages = two_nodes().into_iter().cycle().zip(numbers);
     stream
@@ -344,7 +353,7 @@ async fn statuses_of_a_stream_numbered(numbers: &[u64]) -> Vec<Covered> {
         .await;
     stream.close_send();
     let statuses = stream.statuses_covering(numbers.len() as u32).await;
-    statuses.iter().map(covered).collect()
+    covered_runs(&statuses)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -355,13 +364,13 @@ async fn each_message_is_reported_once_under_the_number_it_was_sent_with() {
         ("no numbers: by position from 0", &[0, 0, 0], &[(0, 2, 3)]),
         ("no number: the next one", &[5, 0, 0], &[(5, 7, 3)]),
         (
-            "counting starts again: a batch of its own",
+            "counting starts again: never in a batch with the earlier numbers",
             &[1, 2, 3, 1, 2],
             &[(1, 3, 3), (1, 2, 2)],
         ),
     ];
     for (what, numbers, want) in cases {
-        assert_eq!(statuses_of_a_stream_numbered(numbers).await, want, "{what}");
+        assert_eq!(runs_of_a_stream_numbered(numbers).await, want, "{what}");
     }
 }
 

@@ -108,12 +108,6 @@ impl Node {
             .arg("--socket")
             .arg(&self.socket)
             .args(["--hostname", &self.name])
-            // 10 ms batches unless `extra` asks for others.
-            .args(
-                ["--batch-interval", "10ms"]
-                    .iter()
-                    .filter(|_| !extra.contains(&"--batch-interval")),
-            )
             .args(extra)
             .env("VXMGR_LOG", "info,vxmgr=debug")
             .env("NO_COLOR", "1")

@@ -48,7 +48,9 @@ struct Cli {
     /// Which kernel to program.
     #[arg(long, env = "VXMGR_KERNEL", value_enum, default_value_t = KernelKind::Netlink)]
     kernel: KernelKind,
-    /// CompleteDeferredWork tick: messages arriving within it form one batch.
+    /// The longest a batch stays open while messages keep coming. A batch
+    /// closes as soon as the stream has nothing more waiting and the kernel
+    /// is free; while an apply is in flight, what arrives waits for the next.
     #[arg(long, env = "VXMGR_BATCH_INTERVAL", value_parser = humantime::parse_duration, default_value = "100ms")]
     batch_interval: Duration,
     /// Interval of heartbeats on the Sync stream.

@@ -1,6 +1,6 @@
 //! The manager task: takes the active stream's messages into the manager,
-//! closes a batch every batch interval (CompleteDeferredWork), hands the
-//! delta to the kernel task, and reports each batch, heartbeats and
+//! closes a batch once the stream has nothing more waiting and the kernel
+//! task is free (CompleteDeferredWork), hands the delta to the kernel task, and reports each batch, heartbeats and
 //! DataplaneInSync back to the stream. It also answers GetState, so reads
 //! never wait for the kernel.
 
@@ -30,6 +30,7 @@ use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 pub const SERVICE_NAME: &str = "vxmgr.v1.Dataplane";
 
 pub struct EngineOptions {
+    /// The longest a batch stays open while messages keep coming.
     pub batch_interval: Duration,
     pub heartbeat_interval: Duration,
     pub metrics: Arc<Metrics>,
@@ -103,17 +104,19 @@ pub async fn run(
     };
     loop {
         let deadline = engine.open.as_ref().map(|(_, d)| *d);
-        let ready = !engine.apply_in_flight && (engine.internal_dirty || deadline.is_some());
+        let kernel_free = !engine.apply_in_flight;
+        let work_waiting = engine.internal_dirty || deadline.is_some();
         tokio::select! {
             biased;
             event = events.recv() => match event {
                 Some(event) => engine.on_kernel_event(event).await,
                 None => return,
             },
-            _ = sleep_until(deadline.unwrap_or_else(Instant::now).into()), if ready && deadline.is_some() => {
+            // A stream that never pauses still gets a status every batch
+            // interval.
+            _ = sleep_until(deadline.unwrap_or_else(Instant::now).into()), if kernel_free && deadline.is_some() => {
                 engine.flush().await;
             }
-            _ = std::future::ready(()), if ready && deadline.is_none() => engine.flush().await,
             input = inputs.recv() => {
                 let input = input.unwrap_or(EngineInput::Shutdown);
                 if !engine.on_input(input, &mut events).await {
@@ -122,6 +125,10 @@ pub async fn run(
             }
             // After the inputs: a query sees every message sent before it.
             Some(reply) = engine.queries.recv() => engine.answer(reply),
+            // The stream has nothing more waiting and the kernel is free:
+            // CompleteDeferredWork now. While an apply is in flight, what
+            // arrives gathers into the next batch.
+            _ = std::future::ready(()), if kernel_free && work_waiting => engine.flush().await,
             _ = heartbeat.tick() => engine.heartbeat(),
         }
     }

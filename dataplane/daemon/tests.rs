@@ -54,6 +54,10 @@ const STREAM: u64 = 1;
 
 impl Rig {
     async fn start() -> Rig {
+        Rig::start_with(options()).await
+    }
+
+    async fn start_with(options: DaemonOptions) -> Rig {
         let kernel = MemoryBackend::with_underlay("eth0", 1500);
         let reporter = HealthReporter::new();
         let health = HealthService::from_health_reporter(reporter.clone());
@@ -61,7 +65,7 @@ impl Rig {
         let metrics = Arc::new(Metrics::new());
         // No census is asked for: its sender goes at once.
         let (_, census) = mpsc::channel(1);
-        let tasks = Tasks::start(move || Ok(backend), &options(), reporter, metrics, census)
+        let tasks = Tasks::start(move || Ok(backend), &options, reporter, metrics, census)
             .await
             .expect("memory kernel");
         let (responder, responses) = responses::channel(STREAM, 64);
@@ -263,5 +267,45 @@ async fn get_state_answers_while_a_new_stream_waits_for_the_apply_in_flight() {
     let state = rig.state_within_30s().await;
     assert!(state.last_batch.is_none(), "nothing applied yet");
     hold.release();
+    rig.tasks.stop().await;
+}
+
+/// A batch closes when the stream has nothing waiting, whatever the batch
+/// interval; what arrives during an apply is the next batch, whole.
+#[tokio::test]
+async fn batches_close_when_the_stream_pauses_and_gather_during_an_apply() {
+    let mut rig = Rig::start_with(DaemonOptions {
+        batch_interval: Duration::from_secs(3600),
+        ..options()
+    })
+    .await;
+    let first = rig.send(&CLUSTER[..1]).await;
+    let status = rig.batch_covering(first).await;
+    assert_eq!(
+        (status.first_sequence, status.last_sequence),
+        (first, first),
+        "a lone message applies at once: {status:?}"
+    );
+    let mut hold = rig.kernel.hold_applies();
+    let held = rig.send(&CLUSTER[1..2]).await;
+    hold.applying().await;
+    for line in &CLUSTER[2..] {
+        rig.send(&[line]).await;
+    }
+    let last = rig.send(&[IN_SYNC]).await;
+    hold.release();
+    let status = rig.batch_covering(held).await;
+    assert_eq!(
+        (status.first_sequence, status.last_sequence),
+        (held, held),
+        "{status:?}"
+    );
+    let status = rig.batch_covering(last).await;
+    assert_eq!(
+        (status.first_sequence, status.last_sequence),
+        (held + 1, last),
+        "what arrived during the apply is one batch: {status:?}"
+    );
+    assert!(status.in_sync, "{status:?}");
     rig.tasks.stop().await;
 }

@@ -49,35 +49,15 @@ impl Log {
 }
 
 impl Daemon {
-    /// Starts `vxmgrd --kernel memory --hostname node-a` with a fast batch
-    /// tick and `extra` arguments, and waits until it serves.
+    /// Starts `vxmgrd --kernel memory --hostname node-a` with `extra`
+    /// arguments, and waits until it serves.
     pub fn memory(extra: &[&str]) -> Daemon {
         Daemon::memory_with_env(extra, &[])
     }
 
-    /// A memory daemon whose batch window never closes by itself: only the
-    /// end of a stream closes it.
-    pub fn memory_batching_until_stream_end() -> Daemon {
-        Daemon::start(&[
-            "--kernel",
-            "memory",
-            "--hostname",
-            "node-a",
-            "--batch-interval",
-            "1h",
-        ])
-    }
-
     /// [`Daemon::memory`] with these variables in vxmgrd's environment.
     pub fn memory_with_env(extra: &[&str], env: &[(&str, &str)]) -> Daemon {
-        let mut args = vec![
-            "--kernel",
-            "memory",
-            "--hostname",
-            "node-a",
-            "--batch-interval",
-            "5ms",
-        ];
+        let mut args = vec!["--kernel", "memory", "--hostname", "node-a"];
         args.extend_from_slice(extra);
         let dir = tempfile::tempdir().expect("temp dir");
         let socket = dir.path().join("vxmgr.sock");
@@ -486,4 +466,21 @@ pub fn covered(status: &BatchStatus) -> Covered {
         status.last_sequence,
         status.message_count,
     )
+}
+
+/// The runs of consecutive numbers that `statuses` cover: how the messages
+/// were split into batches depends on when they arrived, but a run never
+/// spans a break in the numbers.
+pub fn covered_runs(statuses: &[BatchStatus]) -> Vec<Covered> {
+    let mut runs: Vec<Covered> = Vec::new();
+    for (first, last, count) in statuses.iter().map(covered) {
+        match runs.last_mut() {
+            Some(run) if run.1.checked_add(1) == Some(first) => {
+                run.1 = last;
+                run.2 += count;
+            }
+            _ => runs.push((first, last, count)),
+        }
+    }
+    runs
 }
