@@ -23,16 +23,16 @@ pub fn run(bench: &Bench) -> Result<()> {
 /// VmRSS of vxmgrd at each size, on both kernels.
 fn daemons(bench: &Bench) -> Result<()> {
     let mut table = Table::new(
-        "rss: vxmgrd VmRSS after convergence (MiB)",
+        "rss: vxmgrd VmRSS after convergence (MiB; default flags)",
         &["nodes", "memory kernel", "netlink kernel"],
     );
     for &nodes in &bench.settings.sizes {
-        let memory = Vxmgrd::memory(&["--batch-interval", "10ms"])?;
+        let memory = Vxmgrd::memory(&[])?;
         let memory = mib(converged_rss(bench, nodes, memory)?);
         let netlink = match kernel_unavailable() {
             None => {
                 let netns = Netns::with_underlay()?;
-                let daemon = Vxmgrd::netlink(&netns, &["--batch-interval", "10ms"])?;
+                let daemon = Vxmgrd::netlink(&netns, &[])?;
                 mib(converged_rss(bench, nodes, daemon)?)
             }
             Some(why) => missing(why),

@@ -443,13 +443,11 @@ impl<D: Programmable> Table<D> {
         let mut plan = Plan::default();
         for key in std::mem::take(&mut self.stale) {
             match self.actual.get(&key) {
-                Some(kernel) if sweep && !self.desired.contains_key(&key) => {
-                    plan.push(Planned {
-                        kernel: kernel.clone(),
-                        key,
-                        effect: Effect::Removed,
-                    })
-                }
+                Some(kernel) if sweep && !self.desired.contains_key(&key) => plan.push(Planned {
+                    kernel: kernel.clone(),
+                    key,
+                    effect: Effect::Removed,
+                }),
                 _ => self.settled(&key),
             }
         }

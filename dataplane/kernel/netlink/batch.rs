@@ -170,7 +170,9 @@ fn read_answers(
             return results
                 .into_iter()
                 .enumerate()
-                .map(|(i, r)| r.unwrap_or_else(|| if i < handled { Ok(()) } else { Err(e.clone()) }))
+                .map(|(i, r)| {
+                    r.unwrap_or_else(|| if i < handled { Ok(()) } else { Err(e.clone()) })
+                })
                 .collect();
         }
         for message in raw::messages(buffer).map_while(Result::ok) {
@@ -222,11 +224,7 @@ mod tests {
 
     #[test]
     fn refusals_are_their_own_requests_and_the_rest_succeeded() {
-        let results = read(
-            vec![answer(11, -libc::EEXIST), answer(13, 0)],
-            10,
-            4,
-        );
+        let results = read(vec![answer(11, -libc::EEXIST), answer(13, 0)], 10, 4);
         assert_eq!(
             results,
             vec![
@@ -241,7 +239,10 @@ mod tests {
     #[test]
     fn the_last_request_may_be_refused_too() {
         let results = read(vec![answer(5, -libc::ENODEV)], 4, 2);
-        assert_eq!(results, vec![Ok(()), Err(KernelError::from_errno(libc::ENODEV))]);
+        assert_eq!(
+            results,
+            vec![Ok(()), Err(KernelError::from_errno(libc::ENODEV))]
+        );
     }
 
     #[test]

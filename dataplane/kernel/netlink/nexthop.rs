@@ -185,7 +185,10 @@ pub(super) fn add_request(nexthop: &KernelNexthop) -> (NexthopMessage, u16) {
 
 /// Replaces one of vxmgr's nexthops.
 pub(super) fn replace_request(nexthop: &KernelNexthop) -> (NexthopMessage, u16) {
-    (NexthopMessage::replace(nexthop), NLM_F_CREATE | NLM_F_REPLACE)
+    (
+        NexthopMessage::replace(nexthop),
+        NLM_F_CREATE | NLM_F_REPLACE,
+    )
 }
 
 /// The kernel removes the routes using the nexthop with it.
