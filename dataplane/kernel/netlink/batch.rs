@@ -22,7 +22,7 @@ use rtnetlink::sys::{Socket, protocols::NETLINK_ROUTE};
 
 use super::io_error;
 use super::raw::{self, NLMSG_ERROR};
-use super::socket::{REPLY_TIMEOUT, raise_receive_buffer, refusal};
+use super::socket::{REPLY_TIMEOUT, raise_receive_buffer, receive, refusal};
 use crate::kernel::KernelError;
 
 /// Requests per datagram: enough to make the system calls few; the kernel
@@ -137,21 +137,6 @@ fn send(socket: &Socket, bytes: &[u8]) -> Result<(), KernelError> {
     }
 }
 
-/// Reads the next datagram into `buffer`.
-fn receive(socket: &Socket, buffer: &mut Vec<u8>) -> Result<(), KernelError> {
-    loop {
-        buffer.clear();
-        match socket.recv(buffer, 0) {
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Err(KernelError::other("no answer from the kernel"));
-            }
-            Err(e) => return Err(io_error(&e)),
-        }
-    }
-}
-
 /// Reads the answers to `count` requests numbered from `first`, up to the
 /// last one's: the refused ones get their errors, the others succeeded.
 /// If reading fails, the requests not yet answered fail with that error.
@@ -196,9 +181,7 @@ fn read_answers(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
-    use super::raw::build::message;
+    use super::raw::build::{message, replies};
     use super::*;
 
     /// An NLMSG_ERROR answer to request `seq`: 0 is an ACK.
@@ -209,17 +192,7 @@ mod tests {
     }
 
     fn read(datagrams: Vec<Vec<u8>>, first: u32, count: usize) -> Vec<Result<(), KernelError>> {
-        let mut datagrams = VecDeque::from(datagrams);
-        let receive = |buffer: &mut Vec<u8>| {
-            buffer.clear();
-            buffer.extend(
-                datagrams
-                    .pop_front()
-                    .ok_or_else(|| KernelError::other("no answer from the kernel"))?,
-            );
-            Ok(())
-        };
-        read_answers(receive, &mut Vec::new(), first, count)
+        read_answers(replies(datagrams.into()), &mut Vec::new(), first, count)
     }
 
     #[test]
