@@ -737,6 +737,7 @@ async fn execute<B: KernelBackend, D: Programmable>(
     let ops: Vec<KernelOp> = plan.ops().collect();
     let mut results = backend.apply(&ops).await.into_iter();
     report.operations += ops.len() as u32;
+    // Freed before the table grows with the outcomes.
     drop(ops);
     record(table, plan, &mut results, report)
 }
