@@ -18,6 +18,7 @@ use foldhash::{HashMap, HashSet, HashSetExt};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use ipnetwork::IpNetwork;
 use tracing::{debug, info, warn};
 
 use crate::config::DeviceNames;
@@ -164,6 +165,11 @@ pub struct Reconciler<B: KernelBackend> {
     ipsets_present: HashSet<String>,
     /// Wanted nexthops still without an id (their device may be missing).
     unassigned: HashSet<NexthopKey>,
+    /// Nexthops of nodes whose tunnel address moved, replaced by fresh ones:
+    /// deleted once the nodes' routes have moved over.
+    retired_nexthops: Vec<KernelNexthop>,
+    /// The routes of those nodes: all that may still use a retired nexthop.
+    moved_routes: Vec<IpNetwork>,
     /// Notifications said a link or address changed.
     links_changed: bool,
     /// A full resync is due from this instant: notifications were lost, or
@@ -260,6 +266,8 @@ impl<B: KernelBackend> Reconciler<B> {
             ipset: Table::new(window),
             ipsets_present: HashSet::new(),
             unassigned: HashSet::new(),
+            retired_nexthops: Vec::new(),
+            moved_routes: Vec::new(),
             links_changed: false,
             resync_due: None,
             resync_failures: 0,
@@ -326,6 +334,9 @@ impl<B: KernelBackend> Reconciler<B> {
         for change in delta.nexthops {
             let key = change.key.clone();
             let wanted = change.desired.is_some();
+            if let Some(nexthop) = &change.desired {
+                self.retire_if_moved(&key, nexthop);
+            }
             self.nexthops.set_desired(change);
             if wanted && self.nexthop_ids.get(&key).is_none() {
                 self.unassigned.insert(key);
@@ -334,12 +345,17 @@ impl<B: KernelBackend> Reconciler<B> {
             }
         }
         for change in delta.routes {
-            if let Some(Route {
-                target: RouteTarget::Direct { interface, .. },
-                ..
-            }) = &change.desired
-            {
-                self.claim_parent(interface.index);
+            match &change.desired {
+                Some(Route {
+                    target: RouteTarget::Direct { interface, .. },
+                    ..
+                }) => self.claim_parent(interface.index),
+                // A node's tunnel address moved: its routes change with it.
+                Some(Route {
+                    target: RouteTarget::Tunnel { .. },
+                    ..
+                }) if !self.retired_nexthops.is_empty() => self.moved_routes.push(change.key),
+                _ => {}
             }
             self.routes.set_desired(change);
         }
@@ -646,6 +662,10 @@ impl<B: KernelBackend> Reconciler<B> {
         let routes = self.routes.plan_upserts(&ctx);
         let routes = host::keep_clear_of_host(routes, &self.host, &mut self.routes, report);
         execute(&mut self.backend, &mut self.routes, routes, report).await;
+        let retired = std::mem::take(&mut self.retired_nexthops);
+        let moved = std::mem::take(&mut self.moved_routes);
+        self.delete_unused_nexthops(retired, Some(&moved), report)
+            .await;
         self.sync_ipsets(report).await;
 
         // Before InSync these let go of would-be deletes without doing them.
@@ -658,7 +678,7 @@ impl<B: KernelBackend> Reconciler<B> {
         }
         if self.sweep {
             let stale = self.nexthop_ids.take_unclaimed();
-            self.delete_stale_nexthops(stale, report).await;
+            self.delete_unused_nexthops(stale, None, report).await;
         }
         let neighbors = self.neighbors.plan_deletes(self.sweep);
         let fdb = self.fdb.plan_deletes(self.sweep);
@@ -703,23 +723,57 @@ impl<B: KernelBackend> Reconciler<B> {
         });
     }
 
-    /// Our nexthops in the kernel that no node claimed.
-    async fn delete_stale_nexthops(&mut self, stale: Vec<KernelNexthop>, report: &mut Report) {
-        if stale.is_empty() {
+    /// A node whose tunnel address moved gets a fresh nexthop. Changing the
+    /// gateway in place would make the kernel walk every route in every
+    /// table (`fib_info_notify_update`), a cost that grows with the cluster;
+    /// a new nexthop costs only the node's own routes moving over to it.
+    fn retire_if_moved(&mut self, key: &NexthopKey, wanted: &TunnelNexthop) {
+        let moved = self
+            .nexthops
+            .actual
+            .get(key)
+            .is_some_and(|programmed| programmed.gateway != wanted.gateway);
+        if !self.use_nexthops || !moved {
             return;
         }
-        let ops: Vec<KernelOp> = stale.iter().map(|n| KernelOp::DeleteNexthop(*n)).collect();
+        if let Some(old) = self.nexthops.actual.remove(key) {
+            self.retired_nexthops.push(old);
+        }
+        self.nexthop_ids.retire(key);
+    }
+
+    /// Our nexthops in the kernel that nothing uses: those no node claimed,
+    /// and those replaced when a node's tunnel address moved. The kernel
+    /// takes a route that still uses one with it, without telling: these
+    /// are looked for among `routes` (`None`: every route).
+    async fn delete_unused_nexthops(
+        &mut self,
+        unused: Vec<KernelNexthop>,
+        routes: Option<&[IpNetwork]>,
+        report: &mut Report,
+    ) {
+        if unused.is_empty() {
+            return;
+        }
+        let ops: Vec<KernelOp> = unused.iter().map(|n| KernelOp::DeleteNexthop(*n)).collect();
         let results = self.backend.apply(&ops).await;
         report.operations += ops.len() as u32;
-        for (nexthop, result) in stale.iter().zip(results) {
+        for (nexthop, result) in unused.iter().zip(results) {
             match ignore_missing(result) {
-                Ok(()) => report.count(Effect::Removed),
-                Err(e) => report.fail(format!("deleting stale nexthop {}", nexthop.id), &e),
+                Ok(()) => {
+                    self.nexthop_ids.forget(nexthop.id);
+                    report.count(Effect::Removed);
+                }
+                Err(e) => report.fail(format!("deleting unused nexthop {}", nexthop.id), &e),
             }
         }
-        let ids: HashSet<u32> = stale.iter().map(|n| n.id).collect();
-        self.routes
-            .forget_actual(|r| matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id)));
+        let ids: HashSet<u32> = unused.iter().map(|n| n.id).collect();
+        let uses_one =
+            |r: &KernelRoute| matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id));
+        match routes {
+            Some(routes) => self.routes.forget_actual_among(routes, uses_one),
+            None => self.routes.forget_actual(uses_one),
+        }
     }
 }
 

@@ -112,12 +112,20 @@ impl NexthopIds {
         }
     }
 
-    /// Kernel nexthops of ours that nobody claimed: stale, swept after InSync.
+    /// Takes a node's id away, so that it gets a fresh one. The old id stays
+    /// ours until it is forgotten: its nexthop is still in the kernel.
+    pub fn retire(&mut self, key: &NexthopKey) {
+        self.by_key.remove(key);
+    }
+
+    /// An id whose nexthop was deleted from the kernel.
+    pub fn forget(&mut self, id: u32) {
+        self.in_use.remove(&id);
+    }
+
+    /// Kernel nexthops of ours that nobody claimed: stale, swept after
+    /// InSync. Their ids stay ours until they are forgotten.
     pub fn take_unclaimed(&mut self) -> Vec<KernelNexthop> {
-        let stale: Vec<KernelNexthop> = self.unclaimed.drain().map(|(_, n)| n).collect();
-        for n in &stale {
-            self.in_use.remove(&n.id);
-        }
-        stale
+        self.unclaimed.drain().map(|(_, n)| n).collect()
     }
 }

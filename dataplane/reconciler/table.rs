@@ -260,10 +260,23 @@ impl<D: Programmable> Table<D> {
             .map(|(key, _)| key.clone())
             .collect();
         for key in keys {
-            self.actual.remove(&key);
-            if self.desired.contains_key(&key) {
-                self.pending.insert(key);
+            self.forget_one(key);
+        }
+    }
+
+    /// [`Table::forget_actual`] among `keys` only.
+    pub fn forget_actual_among(&mut self, keys: &[D::Key], gone: impl Fn(&D::Kernel) -> bool) {
+        for key in keys {
+            if self.actual.get(key).is_some_and(&gone) {
+                self.forget_one(key.clone());
             }
+        }
+    }
+
+    fn forget_one(&mut self, key: D::Key) {
+        self.actual.remove(&key);
+        if self.desired.contains_key(&key) {
+            self.pending.insert(key);
         }
     }
 

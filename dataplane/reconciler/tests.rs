@@ -259,26 +259,93 @@ async fn the_device_stays_when_the_local_vtep_goes_or_a_stream_never_declares_it
     assert_eq!(destinations(restarted.routes()), destinations(routes));
 }
 
+/// Not a nexthop replace: the kernel would walk every route of the cluster.
 #[tokio::test]
-async fn a_vtep_address_change_is_one_nexthop_replace() {
+async fn a_vtep_address_change_moves_only_that_nodes_routes_to_a_fresh_nexthop() {
     let mut rig = cluster_rig(NexthopMode::On).await;
+    let old = *rig
+        .kernel
+        .lock()
+        .nexthops
+        .values()
+        .find(|n| n.gateway.to_string() == "10.244.1.0")
+        .expect("node-b's nexthop");
     rig.kernel.lock().log.clear();
     rig.send(&[
         r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.64", "parentDeviceIp": "192.168.10.2"}}"#,
     ]);
     let report = rig.apply().await;
     assert!(report.errors.is_empty(), "{report:?}");
-    let log = rig.kernel.lock().log.clone();
-    assert!(
-        !log.iter()
-            .any(|op| matches!(op, KernelOp::AddRoute(_) | KernelOp::ReplaceRoute(_))),
-        "{log:#?}"
-    );
-    let nexthops: Vec<_> = log
+    let k = rig.kernel.lock();
+    let nexthop_ops: Vec<&KernelOp> = k
+        .log
         .iter()
-        .filter(|op| matches!(op, KernelOp::AddNexthop(_) | KernelOp::ReplaceNexthop(_)))
+        .filter(|op| {
+            matches!(
+                op,
+                KernelOp::AddNexthop(_) | KernelOp::ReplaceNexthop(_) | KernelOp::DeleteNexthop(_)
+            )
+        })
         .collect();
-    assert_eq!(nexthops.len(), 1, "{log:#?}");
+    let [
+        KernelOp::AddNexthop(fresh),
+        KernelOp::DeleteNexthop(deleted),
+    ] = nexthop_ops[..]
+    else {
+        panic!("one nexthop added and the old one deleted: {:#?}", k.log);
+    };
+    assert_eq!(fresh.gateway.to_string(), "10.244.1.64");
+    assert_ne!(fresh.id, old.id);
+    assert_eq!(deleted.id, old.id);
+    let moved: Vec<String> = k
+        .log
+        .iter()
+        .filter_map(|op| match op {
+            KernelOp::AddRoute(r) | KernelOp::ReplaceRoute(r) => Some(r.dst.to_string()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        moved,
+        ["10.244.1.0/26"],
+        "only node-b's routes: {:#?}",
+        k.log
+    );
+    assert_eq!(
+        k.routes[&"10.244.1.0/26".parse().unwrap()].via,
+        KernelRouteVia::Nexthop(fresh.id)
+    );
+    assert!(!k.nexthops.contains_key(&old.id));
+}
+
+/// A route that could not move over goes with the old nexthop, and comes
+/// back through the fresh one on the retry.
+#[tokio::test]
+async fn a_route_that_fails_to_move_with_its_vtep_is_put_back_on_retry() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    let dst = "10.244.1.0/26".parse().unwrap();
+    rig.kernel.inject_fault(
+        move |op| matches!(op, KernelOp::ReplaceRoute(r) if r.dst == dst),
+        libc::EBUSY,
+    );
+    rig.send(&[
+        r#"{"vtepUpdate": {"node": "node-b", "mac": "66:aa:00:00:00:02", "ipv4Addr": "10.244.1.64", "parentDeviceIp": "192.168.10.2"}}"#,
+    ]);
+    let report = rig.apply().await;
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    assert!(
+        !rig.kernel.lock().routes.contains_key(&dst),
+        "gone with the old nexthop"
+    );
+    rig.kernel.clear_faults();
+    let retry_at = rig.reconciler.next_retry().expect("a retry is scheduled");
+    let report = rig.reconciler.retry(retry_at).await;
+    assert_eq!((report.added, report.errors.len()), (1, 0), "{report:?}");
+    let k = rig.kernel.lock();
+    let KernelRouteVia::Nexthop(id) = k.routes[&dst].via else {
+        panic!("{:?}", k.routes[&dst]);
+    };
+    assert_eq!(k.nexthops[&id].gateway.to_string(), "10.244.1.64");
 }
 
 #[tokio::test]
