@@ -58,7 +58,7 @@ pub fn run(bench: &Bench) -> Result<()> {
     }
     table.print();
     println!(
-        "  vxmgr: first message sent → status covering InSync (--batch-interval 10ms); \
+        "  vxmgr: first message sent → status covering InSync (default flags); \
          vxmgr inline: --nexthop-objects off.\n  ip: ip -batch + bridge -batch + ipset restore, \
          with nexthop objects or inline gateways."
     );
@@ -145,9 +145,7 @@ fn skipped() -> String {
 /// the status covering InSync.
 fn vxmgrd_build(bench: &Bench, messages: Vec<ToDataplane>, extra: &[&str]) -> Result<Build> {
     let netns = Netns::with_underlay()?;
-    let mut args = vec!["--batch-interval", "10ms"];
-    args.extend_from_slice(extra);
-    let daemon = Vxmgrd::netlink(&netns, &args)?;
+    let daemon = Vxmgrd::netlink(&netns, extra)?;
     let delivery = bench.runtime.block_on(replay(&daemon.socket(), messages))?;
     Ok(Build {
         time: delivery.covered,

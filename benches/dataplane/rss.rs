@@ -23,16 +23,16 @@ pub fn run(bench: &Bench) -> Result<()> {
 /// VmRSS of vxmgrd at each size, on both kernels.
 fn daemons(bench: &Bench) -> Result<()> {
     let mut table = Table::new(
-        "rss: vxmgrd VmRSS after convergence (MiB)",
+        "rss: vxmgrd VmRSS after convergence (MiB; default flags)",
         &["nodes", "memory kernel", "netlink kernel"],
     );
     for &nodes in &bench.settings.sizes {
-        let memory = Vxmgrd::memory(&["--batch-interval", "10ms"])?;
+        let memory = Vxmgrd::memory(&[])?;
         let memory = mib(converged_rss(bench, nodes, memory)?);
         let netlink = match kernel_unavailable() {
             None => {
                 let netns = Netns::with_underlay()?;
-                let daemon = Vxmgrd::netlink(&netns, &["--batch-interval", "10ms"])?;
+                let daemon = Vxmgrd::netlink(&netns, &[])?;
                 mib(converged_rss(bench, nodes, daemon)?)
             }
             Some(why) => missing(why),
@@ -62,6 +62,8 @@ fn in_process(bench: &Bench) -> Result<()> {
             "routes",
             "manager+reconciler MiB",
             "bytes/route",
+            "manager",
+            "reconciler",
             "memory kernel bytes/route",
         ],
     );
@@ -79,28 +81,32 @@ fn in_process(bench: &Bench) -> Result<()> {
         table.row(vec![
             nodes.to_string(),
             heap.routes.to_string(),
-            mib(heap.vxmgr),
-            per_route(heap.vxmgr),
+            mib(heap.manager + heap.reconciler),
+            per_route(heap.manager + heap.reconciler),
+            per_route(heap.manager),
+            per_route(heap.reconciler),
             per_route(heap.kernel),
         ]);
     }
     table.print();
     println!(
-        "  manager+reconciler: heap freed by dropping them; memory kernel: the simulated kernel's maps."
+        "  manager, reconciler: heap freed by dropping each (bytes/route); memory kernel: the simulated kernel's maps."
     );
     Ok(())
 }
 
 struct Heap {
     routes: usize,
-    /// Bytes held by the manager and the reconciler.
-    vxmgr: u64,
+    /// Bytes held by the manager.
+    manager: u64,
+    /// Bytes held by the reconciler.
+    reconciler: u64,
     /// Bytes held by the memory kernel's maps.
     kernel: u64,
 }
 
 /// Programs `nodes` into a memory kernel in-process, then drops the
-/// manager and reconciler, then the kernel, counting what each frees: the
+/// manager, the reconciler and the kernel, counting what each frees: the
 /// heap each holds, whatever else came and went before.
 fn heap(bench: &Bench, nodes: u32) -> Result<Heap> {
     let messages = bench.clusters.messages(nodes)?;
@@ -108,13 +114,16 @@ fn heap(bench: &Bench, nodes: u32) -> Result<Heap> {
     let (manager, reconciler) = bench.runtime.block_on(converge(kernel.clone(), messages))?;
     let routes = kernel.lock().routes.len();
     let converged = alloc::snapshot();
-    drop((manager, reconciler));
+    drop(manager);
+    let without_manager = alloc::snapshot();
+    drop(reconciler);
     let without_vxmgr = alloc::snapshot();
     drop(kernel);
     let without_kernel = alloc::snapshot();
     Ok(Heap {
         routes,
-        vxmgr: converged.in_use_bytes - without_vxmgr.in_use_bytes,
+        manager: converged.in_use_bytes - without_manager.in_use_bytes,
+        reconciler: without_manager.in_use_bytes - without_vxmgr.in_use_bytes,
         kernel: without_vxmgr.in_use_bytes - without_kernel.in_use_bytes,
     })
 }

@@ -10,6 +10,7 @@ use tokio::time::{MissedTickBehavior, interval_at, sleep_until};
 use tracing::{info, warn};
 
 use super::batch::Batch;
+use super::heap;
 use crate::desired::ParentInterface;
 use crate::kernel::KernelBackend;
 use crate::metrics::Metrics;
@@ -90,6 +91,7 @@ pub async fn run<B: KernelBackend>(
         options.device_check_interval,
     );
     device_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut releaser = heap::Releaser::default();
     let mut refresh_interval = options.refresh_interval;
     let mut next_refresh = refresh_interval.map(|d| Instant::now() + d);
     loop {
@@ -110,6 +112,7 @@ pub async fn run<B: KernelBackend>(
                     let started = Instant::now();
                     let in_sync = request.in_sync;
                     let report = reconciler.apply(request).await;
+                    releaser.count(report.operations);
                     let event = KernelEvent::Applied {
                         batch,
                         in_sync,
@@ -189,6 +192,8 @@ async fn resync<B: KernelBackend>(
     let started = Instant::now();
     let result = reconciler.resync().await;
     metrics.resync(trigger, result.is_ok(), started.elapsed());
+    // A resync holds a dump of every object: large whatever it changed.
+    heap::release_free_memory();
     result
 }
 

@@ -4,6 +4,7 @@
 pub mod batch;
 pub mod capabilities;
 pub mod engine;
+mod heap;
 pub mod kernel_task;
 #[cfg(test)]
 mod tests;

@@ -153,8 +153,9 @@ pub enum TableRoute {
     /// One of the shapes vxmgr programs (with the default metric and, via a
     /// gateway, onlink): vxmgr's if `Ownership::owns_route` says so.
     Shaped(KernelRoute),
-    /// Any other route: never vxmgr's.
-    Other(ForeignRoute),
+    /// Any other route: never vxmgr's. Boxed: ours are the many, and a
+    /// dump or a burst of notifications holds them all at once.
+    Other(Box<ForeignRoute>),
 }
 
 /// A nexthop object: `id <id> via <gateway> dev <ifindex> onlink proto <protocol>`,
@@ -361,7 +362,7 @@ impl Ownership {
                     state.routes.push(r)
                 }
                 TableRoute::Shaped(r) => state.foreign_routes.push(ForeignRoute::of_shape(&r)),
-                TableRoute::Other(r) => state.foreign_routes.push(r),
+                TableRoute::Other(r) => state.foreign_routes.push(*r),
             }
         }
         state

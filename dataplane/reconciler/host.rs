@@ -126,22 +126,19 @@ pub(super) fn keep_clear_of_host(
     table: &mut Table<Route>,
     report: &mut Report,
 ) -> Plan<Route> {
-    let mut allowed = Plan::default();
-    let mut refused = Plan::default();
+    let mut allowed = plan;
     let mut errors = Vec::new();
-    for (op, entry) in plan.ops.into_iter().zip(plan.entries) {
-        let why = entry
-            .after
-            .as_ref()
-            .and_then(|r| host.conflict(r, entry.effect == Effect::Added));
-        match why {
-            Some(why) => {
-                errors.push(Err(KernelError::other(why)));
-                refused.push(op, entry);
-            }
-            None => allowed.push(op, entry),
-        }
-    }
+    let refused = allowed
+        .entries
+        .extract_if(.., |entry| {
+            let why = entry
+                .after()
+                .and_then(|r| host.conflict(r, entry.effect == Effect::Added));
+            why.map(|why| errors.push(Err(KernelError::other(why))))
+                .is_some()
+        })
+        .collect();
+    let refused = Plan { entries: refused };
     if !refused.is_empty() {
         record(table, refused, &mut errors.into_iter(), report);
     }

@@ -20,7 +20,7 @@ impl<B: KernelBackend> Reconciler<B> {
                 continue;
             }
             let change = if present {
-                let (add, del): (Vec<_>, Vec<_>) = mine.iter().partition(|p| p.after.is_some());
+                let (add, del): (Vec<_>, Vec<_>) = mine.iter().partition(|p| p.after().is_some());
                 IpsetChange::Update {
                     add: add.iter().map(|p| p.key).collect(),
                     del: del.iter().map(|p| p.key).collect(),

@@ -642,16 +642,18 @@ impl<B: KernelBackend> Reconciler<B> {
             self.assign_nexthop_ids();
         }
         let ctx = Context::new(&self.devices, &self.nexthop_ids, None, self.use_nexthops);
-        let mut nexthops = if self.use_nexthops {
+        let nexthops = if self.use_nexthops {
             self.nexthops.plan_upserts(&ctx)
         } else {
             Plan::default()
         };
-        let mut neighbors = self.neighbors.plan_upserts(&ctx);
-        let mut fdb = self.fdb.plan_upserts(&ctx);
-        let mut ops = std::mem::take(&mut nexthops.ops);
-        ops.append(&mut neighbors.ops);
-        ops.append(&mut fdb.ops);
+        let neighbors = self.neighbors.plan_upserts(&ctx);
+        let fdb = self.fdb.plan_upserts(&ctx);
+        let ops: Vec<KernelOp> = nexthops
+            .ops()
+            .chain(neighbors.ops())
+            .chain(fdb.ops())
+            .collect();
         if !ops.is_empty() {
             let mut results = self.backend.apply(&ops).await.into_iter();
             report.operations += ops.len() as u32;
@@ -801,8 +803,11 @@ async fn execute<B: KernelBackend, D: Programmable>(
     if plan.is_empty() {
         return Vec::new();
     }
-    let mut results = backend.apply(&plan.ops).await.into_iter();
-    report.operations += plan.ops.len() as u32;
+    let ops: Vec<KernelOp> = plan.ops().collect();
+    let mut results = backend.apply(&ops).await.into_iter();
+    report.operations += ops.len() as u32;
+    // Freed before the table grows with the outcomes.
+    drop(ops);
     record(table, plan, &mut results, report)
 }
 
@@ -830,7 +835,7 @@ fn record<D: Programmable>(
                     removed.push(p.key.clone());
                 }
             }
-            Err(e) if e.is_missing_device() && p.after.is_some() => report.waiting += 1,
+            Err(e) if e.is_missing_device() && p.after().is_some() => report.waiting += 1,
             Err(e) => {
                 if p.effect == Effect::Added && e.errno == Some(libc::EEXIST) {
                     report.taken += 1;
@@ -847,7 +852,7 @@ fn record<D: Programmable>(
 fn foreign(route: TableRoute) -> ForeignRoute {
     match route {
         TableRoute::Shaped(r) => ForeignRoute::of_shape(&r),
-        TableRoute::Other(r) => r,
+        TableRoute::Other(r) => *r,
     }
 }
 

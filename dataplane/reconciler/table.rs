@@ -55,48 +55,60 @@ pub enum Effect {
     Removed,
 }
 
-/// What one planned operation means for the table.
+/// One planned operation and what it means for the table.
 pub struct Planned<D: Programmable> {
     pub key: D::Key,
     pub effect: Effect,
-    /// The actual state once the operation succeeds.
-    pub after: Option<D::Kernel>,
+    /// The object added or changed, or the one deleted.
+    pub kernel: D::Kernel,
 }
 
-/// Kernel operations, and what each means for the table (same order).
+impl<D: Programmable> Planned<D> {
+    /// The actual state once the operation succeeds.
+    pub fn after(&self) -> Option<&D::Kernel> {
+        (self.effect != Effect::Removed).then_some(&self.kernel)
+    }
+
+    pub fn op(&self) -> KernelOp {
+        match self.effect {
+            Effect::Added => D::add_op(&self.kernel),
+            Effect::Changed => D::replace_op(&self.kernel),
+            Effect::Removed => D::delete_op(&self.kernel),
+        }
+    }
+}
+
+/// Planned operations, in the order they are to be applied. The kernel
+/// operations are made from them only when they are sent, so that a plan
+/// of a hundred thousand routes is held once.
 pub struct Plan<D: Programmable> {
-    pub ops: Vec<KernelOp>,
     pub entries: Vec<Planned<D>>,
 }
 
 impl<D: Programmable> Default for Plan<D> {
     fn default() -> Self {
         Plan {
-            ops: Vec::new(),
             entries: Vec::new(),
         }
     }
 }
 
 impl<D: Programmable> Plan<D> {
-    pub fn push(&mut self, op: KernelOp, planned: Planned<D>) {
-        self.ops.push(op);
+    pub fn push(&mut self, planned: Planned<D>) {
         self.entries.push(planned);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty()
+        self.entries.is_empty()
+    }
+
+    pub fn ops(&self) -> impl Iterator<Item = KernelOp> + '_ {
+        self.entries.iter().map(Planned::op)
     }
 
     /// Puts the operations in `Programmable::order`.
     fn sort(&mut self) {
-        if self.ops.len() < 2 {
-            return;
-        }
-        let mut pairs: Vec<(KernelOp, Planned<D>)> =
-            self.ops.drain(..).zip(self.entries.drain(..)).collect();
-        pairs.sort_by_key(|(_, p)| p.after.as_ref().map_or(0, D::order));
-        (self.ops, self.entries) = pairs.into_iter().unzip();
+        self.entries.sort_by_key(|p| D::order(&p.kernel));
     }
 }
 
@@ -430,18 +442,11 @@ impl<D: Programmable> Table<D> {
                 Some(_) => Effect::Changed,
                 None => Effect::Added,
             };
-            let op = match effect {
-                Effect::Added => D::add_op(&kernel),
-                _ => D::replace_op(&kernel),
-            };
-            plan.push(
-                op,
-                Planned {
-                    key,
-                    effect,
-                    after: Some(kernel),
-                },
-            );
+            plan.push(Planned {
+                key,
+                effect,
+                kernel,
+            });
         }
         self.pending.extend(waiting);
         plan.sort();
@@ -455,14 +460,11 @@ impl<D: Programmable> Table<D> {
         let mut plan = Plan::default();
         for key in std::mem::take(&mut self.stale) {
             match self.actual.get(&key) {
-                Some(kernel) if sweep && !self.desired.contains_key(&key) => plan.push(
-                    D::delete_op(kernel),
-                    Planned {
-                        key,
-                        effect: Effect::Removed,
-                        after: None,
-                    },
-                ),
+                Some(kernel) if sweep && !self.desired.contains_key(&key) => plan.push(Planned {
+                    kernel: kernel.clone(),
+                    key,
+                    effect: Effect::Removed,
+                }),
                 _ => self.settled(&key),
             }
         }
@@ -492,12 +494,12 @@ impl<D: Programmable> Table<D> {
         match result {
             Ok(()) => {
                 self.settled(&planned.key);
-                match planned.after {
-                    Some(k) => self.actual.insert(planned.key, k),
-                    None => self.actual.remove(&planned.key),
+                match planned.effect {
+                    Effect::Removed => self.actual.remove(&planned.key),
+                    _ => self.actual.insert(planned.key, planned.kernel),
                 };
             }
-            Err(error) if error.is_missing_device() && planned.after.is_some() => {
+            Err(error) if error.is_missing_device() && planned.after().is_some() => {
                 let what = self.describe(&planned);
                 self.failed.remove(&planned.key);
                 if self.waiting.insert(planned.key) {

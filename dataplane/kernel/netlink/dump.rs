@@ -20,7 +20,7 @@ use tracing::debug;
 
 use super::io_error;
 use super::raw::{self, Message, NLM_F_DUMP_INTR, NLMSG_DONE, NLMSG_ERROR};
-use super::socket::{REPLY_TIMEOUT, refusal};
+use super::socket::{REPLY_TIMEOUT, receive, refusal};
 use crate::kernel::KernelError;
 
 /// Dumps that run at once. A resync's dumps are two of all our routes (by
@@ -190,28 +190,6 @@ fn encode(message: impl NetlinkSerializable) -> Vec<u8> {
     bytes
 }
 
-/// Reads the next datagram into `buffer`.
-fn receive(socket: &Socket, buffer: &mut Vec<u8>) -> Result<(), KernelError> {
-    loop {
-        buffer.clear();
-        // MSG_TRUNC: the datagram's whole length, even if it did not fit.
-        match socket.recv(buffer, libc::MSG_TRUNC) {
-            Ok(len) if len > buffer.capacity() => {
-                return Err(KernelError::other(format!(
-                    "a {len}-byte netlink datagram does not fit the {}-byte buffer",
-                    buffer.capacity()
-                )));
-            }
-            Ok(_) => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                return Err(KernelError::other("no answer from the kernel"));
-            }
-            Err(e) => return Err(io_error(&e)),
-        }
-    }
-}
-
 /// Reads the answer to the dump numbered `seq` up to its NLMSG_DONE (or
 /// NLMSG_ERROR): the objects parsed, or `None` if the kernel flagged the
 /// dump as interrupted.
@@ -254,7 +232,7 @@ fn read_answer<T>(
 mod tests {
     use std::collections::VecDeque;
 
-    use super::raw::build::message;
+    use super::raw::build::{message, replies};
     use super::*;
 
     const NEW: u16 = 24;
@@ -263,18 +241,8 @@ mod tests {
     /// Reads `datagrams` as the kernel's answer to dump 7; messages of type
     /// NEW parse to their first payload byte.
     fn answer(datagrams: Vec<Vec<u8>>) -> Result<Option<Vec<u8>>, KernelError> {
-        let mut datagrams = VecDeque::from(datagrams);
-        let receive = |buffer: &mut Vec<u8>| {
-            buffer.clear();
-            buffer.extend(
-                datagrams
-                    .pop_front()
-                    .ok_or_else(|| KernelError::other("read past the end"))?,
-            );
-            Ok(())
-        };
         let mut parse = |m: Message<'_>| m.of_type(NEW).map(|p| p[0]);
-        read_answer(receive, &mut Vec::new(), 7, &mut parse)
+        read_answer(replies(datagrams.into()), &mut Vec::new(), 7, &mut parse)
     }
 
     fn done(flags: u16, code: i32) -> Vec<u8> {

@@ -1,14 +1,15 @@
-//! The Linux kernel over rtnetlink: operations are pipelined on one socket,
-//! dumps are filtered by the kernel on strict-check sockets (those of
+//! The Linux kernel over rtnetlink: changes of routes, nexthops,
+//! neighbours and FDB entries go many to a datagram (see `batch`), other
+//! operations are pipelined on one socket, dumps are filtered by the kernel on strict-check sockets (those of
 //! routes, neighbours, FDB entries and nexthops read and parsed in place,
-//! several at once), nexthop objects change over a socket of their own,
-//! ipsets over a NETLINK_NETFILTER socket (full replaces through `ipset
+//! several at once), ipsets over a NETLINK_NETFILTER socket (full replaces through `ipset
 //! restore`) and TX checksum offload through the SIOCETHTOOL ioctl.
 //!
 //! The sockets belong to the network namespace of the thread that opens
 //! them: a caller that wants another namespace enters it (setns) on a
 //! dedicated thread before creating the backend there.
 
+mod batch;
 mod dump;
 mod ethtool;
 mod ipset;
@@ -25,6 +26,7 @@ mod watch;
 
 use std::io;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
 use futures::stream::FuturesOrdered;
@@ -33,15 +35,15 @@ use netlink_packet_route::RouteNetlinkMessage;
 use super::objects::{KernelOp, KernelState, Link, Notification, Ownership};
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
+use batch::{BatchSocket, Datagram, REQUESTS_PER_DATAGRAM};
 use dump::Dumps;
 use ethtool::Ethtool;
 use ipset_message::IpsetMessage;
-use nexthop::NexthopMessage;
 use socket::{DumpFilters, NetlinkSocket};
 
-/// Requests in flight on the operations socket at once: enough to hide the
-/// kernel's per-request round trip (DESIGN.md §5), few enough that their
-/// ACKs fit the socket's receive buffer.
+/// Requests in flight on the operations socket at once (those not sent in
+/// batches): enough to hide the kernel's per-request round trip (DESIGN.md
+/// §5), few enough that their ACKs fit the socket's receive buffer.
 const MAX_IN_FLIGHT: usize = 512;
 
 pub struct NetlinkBackend {
@@ -51,7 +53,9 @@ pub struct NetlinkBackend {
     address_dumps: NetlinkSocket<RouteNetlinkMessage>,
     /// Dumps of routes, neighbours, FDB entries and nexthops.
     dumps: Dumps,
-    nexthops: NetlinkSocket<NexthopMessage>,
+    /// Changes of routes, nexthops, neighbours and FDB entries, used on a
+    /// blocking thread.
+    batches: Arc<Mutex<BatchSocket>>,
     ipsets: NetlinkSocket<IpsetMessage>,
     ethtool: Ethtool,
 }
@@ -65,7 +69,7 @@ impl NetlinkBackend {
                 rtnl: NetlinkSocket::open(DumpFilters::Ignored)?,
                 address_dumps: NetlinkSocket::open(DumpFilters::Strict)?,
                 dumps: Dumps::open()?,
-                nexthops: NetlinkSocket::open(DumpFilters::Ignored)?,
+                batches: Arc::new(Mutex::new(BatchSocket::open()?)),
                 ipsets: NetlinkSocket::open_netfilter()?,
                 ethtool: Ethtool::open()?,
             })
@@ -79,6 +83,31 @@ impl NetlinkBackend {
     /// A request that changes something and returns nothing.
     async fn change(&self, message: RouteNetlinkMessage, flags: u16) -> Result<(), KernelError> {
         self.rtnl.request(message, flags).await.map(drop)
+    }
+
+    /// Operations that are not sent in batches, pipelined; each result
+    /// with the operation's index.
+    async fn apply_one_by_one(&self, ops: &[KernelOp]) -> Vec<(usize, Result<(), KernelError>)> {
+        // Results come back in the order of the operations, whatever order
+        // the kernel answers in.
+        let mut in_flight = FuturesOrdered::new();
+        let mut results = Vec::new();
+        let mut ops = ops.iter().enumerate();
+        loop {
+            while in_flight.len() < MAX_IN_FLIGHT {
+                match ops.next() {
+                    Some((_, op)) if batched(op) => {}
+                    Some((index, op)) => {
+                        in_flight.push_back(async move { (index, self.apply_one(op).await) })
+                    }
+                    None => break,
+                }
+            }
+            match in_flight.next().await {
+                Some(result) => results.push(result),
+                None => return results,
+            }
+        }
     }
 
     async fn apply_one(&self, op: &KernelOp) -> Result<(), KernelError> {
@@ -95,22 +124,89 @@ impl NetlinkBackend {
                 .ethtool
                 .set_tx_checksum(name, false)
                 .map_err(|e| io_error(&e)),
-            KernelOp::AddNexthop(nexthop) => self.add_nexthop(nexthop).await,
-            KernelOp::ReplaceNexthop(nexthop) => self.replace_nexthop(nexthop).await,
-            KernelOp::DeleteNexthop(nexthop) => self.delete_nexthop(nexthop.id).await,
-            KernelOp::AddRoute(route) => self.add_route(route).await,
-            KernelOp::ReplaceRoute(route) => self.replace_route(route).await,
-            KernelOp::DeleteRoute(route) => self.delete_route(route).await,
-            KernelOp::ReplaceNeighbor(neighbor) => self.replace_neighbor(neighbor).await,
-            KernelOp::DeleteNeighbor(neighbor) => self.delete_neighbor(neighbor).await,
-            KernelOp::ReplaceFdb(entry) => self.replace_fdb(entry).await,
-            KernelOp::DeleteFdb(entry) => self.delete_fdb(entry).await,
             KernelOp::Ipset {
                 name,
                 family,
                 change,
             } => self.apply_ipset(name, *family, change).await,
+            other => Err(KernelError::other(format!("{other}: sent in batches only"))),
         }
+    }
+
+    /// The operations sent in batches, a datagram at a time; each result
+    /// with the operation's index.
+    async fn apply_batched(&self, all: &[KernelOp]) -> Vec<(usize, Result<(), KernelError>)> {
+        let mut results = Vec::new();
+        let indexes: Vec<usize> = (0..all.len()).filter(|&i| batched(&all[i])).collect();
+        for chunk in indexes.chunks(REQUESTS_PER_DATAGRAM) {
+            let mut datagram = Datagram::default();
+            for &index in chunk {
+                push_request(&mut datagram, &all[index]);
+            }
+            let socket = Arc::clone(&self.batches);
+            let sent = tokio::task::spawn_blocking(move || {
+                let mut socket = socket.lock().unwrap_or_else(PoisonError::into_inner);
+                socket.send(datagram)
+            })
+            .await;
+            let answers = match sent {
+                Ok(answers) => answers,
+                Err(e) => vec![Err(KernelError::other(format!("batch thread: {e}"))); chunk.len()],
+            };
+            for (&index, result) in chunk.iter().zip(answers) {
+                let result = match result {
+                    Err(error) => Err(self.refused(&all[index], error).await),
+                    ok => ok,
+                };
+                results.push((index, result));
+            }
+        }
+        results
+    }
+
+    /// What the kernel's refusal of a batched operation means.
+    async fn refused(&self, op: &KernelOp, error: KernelError) -> KernelError {
+        match op {
+            KernelOp::AddRoute(route) => route::add_refused(route, error),
+            KernelOp::AddNexthop(nexthop) | KernelOp::ReplaceNexthop(nexthop) => {
+                self.new_refused(nexthop, error).await
+            }
+            _ => error,
+        }
+    }
+}
+
+/// Whether the operation is sent in batches.
+fn batched(op: &KernelOp) -> bool {
+    matches!(
+        op,
+        KernelOp::AddNexthop(_)
+            | KernelOp::ReplaceNexthop(_)
+            | KernelOp::DeleteNexthop(_)
+            | KernelOp::AddRoute(_)
+            | KernelOp::ReplaceRoute(_)
+            | KernelOp::DeleteRoute(_)
+            | KernelOp::ReplaceNeighbor(_)
+            | KernelOp::DeleteNeighbor(_)
+            | KernelOp::ReplaceFdb(_)
+            | KernelOp::DeleteFdb(_)
+    )
+}
+
+/// Appends a batched operation's request (nothing for another).
+fn push_request(datagram: &mut Datagram, op: &KernelOp) {
+    match op {
+        KernelOp::AddNexthop(n) => datagram.push(nexthop::add_request(n)),
+        KernelOp::ReplaceNexthop(n) => datagram.push(nexthop::replace_request(n)),
+        KernelOp::DeleteNexthop(n) => datagram.push(nexthop::delete_request(n.id)),
+        KernelOp::AddRoute(r) => datagram.push(route::add_request(r)),
+        KernelOp::ReplaceRoute(r) => datagram.push(route::replace_request(r)),
+        KernelOp::DeleteRoute(r) => datagram.push(route::delete_request(r)),
+        KernelOp::ReplaceNeighbor(n) => datagram.push(neighbour::replace_neighbor_request(n)),
+        KernelOp::DeleteNeighbor(n) => datagram.push(neighbour::delete_neighbor_request(n)),
+        KernelOp::ReplaceFdb(e) => datagram.push(neighbour::replace_fdb_request(e)),
+        KernelOp::DeleteFdb(e) => datagram.push(neighbour::delete_fdb_request(e)),
+        _ => {}
     }
 }
 
@@ -159,23 +255,13 @@ impl KernelBackend for NetlinkBackend {
     }
 
     async fn apply(&mut self, ops: &[KernelOp]) -> Vec<Result<(), KernelError>> {
-        // Results come back in the order of the operations, whatever order
-        // the kernel answers in.
-        let mut in_flight = FuturesOrdered::new();
-        let mut results = Vec::with_capacity(ops.len());
-        let mut ops = ops.iter();
-        loop {
-            while in_flight.len() < MAX_IN_FLIGHT {
-                match ops.next() {
-                    Some(op) => in_flight.push_back(self.apply_one(op)),
-                    None => break,
-                }
-            }
-            match in_flight.next().await {
-                Some(result) => results.push(result),
-                None => return results,
-            }
+        let mut results = vec![Ok(()); ops.len()];
+        let (batched, one_by_one) =
+            futures::join!(self.apply_batched(ops), self.apply_one_by_one(ops));
+        for (index, result) in batched.into_iter().chain(one_by_one) {
+            results[index] = result;
         }
+        results
     }
 
     async fn supports_nexthops(&mut self) -> bool {

@@ -24,57 +24,51 @@ const NDA_LLADDR: u16 = 2;
 const NUD_PERMANENT: u16 = 0x80;
 const NTF_SELF: u8 = 0x02;
 
+/// `ip neigh replace ADDRESS lladdr MAC dev IFINDEX nud permanent`
+pub(super) fn replace_neighbor_request(neighbor: &KernelNeighbor) -> (RouteNetlinkMessage, u16) {
+    let mut message = neighbor_message(neighbor);
+    message.header.state = NeighbourState::Permanent;
+    message
+        .attributes
+        .push(NeighbourAttribute::LinkLayerAddress(
+            neighbor.mac.octets().to_vec(),
+        ));
+    (
+        RouteNetlinkMessage::NewNeighbour(message),
+        NLM_F_CREATE | NLM_F_REPLACE,
+    )
+}
+
+pub(super) fn delete_neighbor_request(neighbor: &KernelNeighbor) -> (RouteNetlinkMessage, u16) {
+    (
+        RouteNetlinkMessage::DelNeighbour(neighbor_message(neighbor)),
+        0,
+    )
+}
+
+/// `bridge fdb replace MAC dev IFINDEX dst DESTINATION self permanent`
+pub(super) fn replace_fdb_request(entry: &KernelFdb) -> (RouteNetlinkMessage, u16) {
+    let mut message = fdb_message(entry.ifindex, entry.mac);
+    message.header.state = NeighbourState::Permanent;
+    message
+        .attributes
+        .push(NeighbourAttribute::Destination(entry.destination.into()));
+    (
+        RouteNetlinkMessage::NewNeighbour(message),
+        NLM_F_CREATE | NLM_F_REPLACE,
+    )
+}
+
+/// Without a destination the kernel removes the MAC's entry with all its
+/// destinations, as the memory backend does.
+pub(super) fn delete_fdb_request(entry: &KernelFdb) -> (RouteNetlinkMessage, u16) {
+    (
+        RouteNetlinkMessage::DelNeighbour(fdb_message(entry.ifindex, entry.mac)),
+        0,
+    )
+}
+
 impl NetlinkBackend {
-    /// `ip neigh replace ADDRESS lladdr MAC dev IFINDEX nud permanent`
-    pub(super) async fn replace_neighbor(
-        &self,
-        neighbor: &KernelNeighbor,
-    ) -> Result<(), KernelError> {
-        let mut message = neighbor_message(neighbor);
-        message.header.state = NeighbourState::Permanent;
-        message
-            .attributes
-            .push(NeighbourAttribute::LinkLayerAddress(
-                neighbor.mac.octets().to_vec(),
-            ));
-        self.change(
-            RouteNetlinkMessage::NewNeighbour(message),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
-    }
-
-    pub(super) async fn delete_neighbor(
-        &self,
-        neighbor: &KernelNeighbor,
-    ) -> Result<(), KernelError> {
-        let message = neighbor_message(neighbor);
-        self.change(RouteNetlinkMessage::DelNeighbour(message), 0)
-            .await
-    }
-
-    /// `bridge fdb replace MAC dev IFINDEX dst DESTINATION self permanent`
-    pub(super) async fn replace_fdb(&self, entry: &KernelFdb) -> Result<(), KernelError> {
-        let mut message = fdb_message(entry.ifindex, entry.mac);
-        message.header.state = NeighbourState::Permanent;
-        message
-            .attributes
-            .push(NeighbourAttribute::Destination(entry.destination.into()));
-        self.change(
-            RouteNetlinkMessage::NewNeighbour(message),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
-    }
-
-    /// Without a destination the kernel removes the MAC's entry with all
-    /// its destinations, as the memory backend does.
-    pub(super) async fn delete_fdb(&self, entry: &KernelFdb) -> Result<(), KernelError> {
-        let message = fdb_message(entry.ifindex, entry.mac);
-        self.change(RouteNetlinkMessage::DelNeighbour(message), 0)
-            .await
-    }
-
     /// Permanent ARP and NDP entries on these devices.
     pub(super) async fn dump_neighbors(
         &self,

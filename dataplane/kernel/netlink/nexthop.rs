@@ -1,13 +1,11 @@
 //! Nexthop objects (`ip nexthop`): netlink-packet-route has no
 //! RTM_*NEXTHOP messages, so requests are built here (struct nhmsg and the
-//! attributes vxmgr uses) and sent on a connection of their own; dumps are
-//! parsed in place.
+//! attributes vxmgr uses); dumps are parsed in place.
 
 use std::net::IpAddr;
 
 use rtnetlink::packet_core::{
-    DecodeError, Emitable, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NetlinkDeserializable,
-    NetlinkHeader, NetlinkSerializable, Nla,
+    Emitable, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REPLACE, NetlinkSerializable, Nla,
 };
 
 use super::{NetlinkBackend, raw};
@@ -183,54 +181,37 @@ impl NetlinkSerializable for NexthopMessage {
     }
 }
 
-/// The nexthop connection needs a decoder, but the kernel answers its
-/// requests with ACKs only: dumps go through `Dumps`.
-impl NetlinkDeserializable for NexthopMessage {
-    type Error = DecodeError;
+/// Creates a nexthop; the kernel refuses (EEXIST) if its id is taken.
+pub(super) fn add_request(nexthop: &KernelNexthop) -> (NexthopMessage, u16) {
+    (NexthopMessage::replace(nexthop), NLM_F_CREATE | NLM_F_EXCL)
+}
 
-    fn deserialize(header: &NetlinkHeader, _: &[u8]) -> Result<Self, DecodeError> {
-        Err(format!(
-            "unexpected message of type {} on the nexthop connection",
-            header.message_type
-        )
-        .into())
-    }
+/// Replaces one of vxmgr's nexthops.
+pub(super) fn replace_request(nexthop: &KernelNexthop) -> (NexthopMessage, u16) {
+    (
+        NexthopMessage::replace(nexthop),
+        NLM_F_CREATE | NLM_F_REPLACE,
+    )
+}
+
+/// The kernel removes the routes using the nexthop with it.
+pub(super) fn delete_request(id: u32) -> (NexthopMessage, u16) {
+    (NexthopMessage::delete(id), 0)
 }
 
 impl NetlinkBackend {
-    /// Creates a nexthop; the kernel refuses (EEXIST) if its id is taken.
-    pub(super) async fn add_nexthop(&self, nexthop: &KernelNexthop) -> Result<(), KernelError> {
-        self.new_nexthop(nexthop, NLM_F_CREATE | NLM_F_EXCL).await
-    }
-
-    /// Replaces one of vxmgr's nexthops.
-    pub(super) async fn replace_nexthop(&self, nexthop: &KernelNexthop) -> Result<(), KernelError> {
-        self.new_nexthop(nexthop, NLM_F_CREATE | NLM_F_REPLACE)
-            .await
-    }
-
-    async fn new_nexthop(&self, nexthop: &KernelNexthop, flags: u16) -> Result<(), KernelError> {
-        let result = self
-            .nexthops
-            .request(NexthopMessage::replace(nexthop), flags)
-            .await;
-        match result {
-            Ok(_) => Ok(()),
-            // The kernel says EINVAL ("Invalid device index") where a route
-            // says ENODEV; a missing device is waited for, not retried.
-            Err(e) if e.errno == Some(libc::EINVAL) && !self.link_exists(nexthop.ifindex).await => {
-                Err(KernelError::from_errno(libc::ENODEV))
-            }
-            Err(e) => Err(e),
+    /// What the kernel's refusal of an add or replace of `nexthop` means.
+    /// It says EINVAL ("Invalid device index") where a route says ENODEV; a
+    /// missing device is waited for, not retried.
+    pub(super) async fn new_refused(
+        &self,
+        nexthop: &KernelNexthop,
+        error: KernelError,
+    ) -> KernelError {
+        if error.errno == Some(libc::EINVAL) && !self.link_exists(nexthop.ifindex).await {
+            return KernelError::from_errno(libc::ENODEV);
         }
-    }
-
-    /// The kernel removes the routes using the nexthop with it.
-    pub(super) async fn delete_nexthop(&self, id: u32) -> Result<(), KernelError> {
-        self.nexthops
-            .request(NexthopMessage::delete(id), 0)
-            .await
-            .map(drop)
+        error
     }
 
     /// Every nexthop: whose each one is, the caller decides

@@ -178,6 +178,26 @@ pub(super) fn ip_value(value: &[u8]) -> Option<IpAddr> {
 /// Hand-built kernel messages, for the parsers' tests.
 #[cfg(test)]
 pub(super) mod build {
+    use std::collections::VecDeque;
+
+    use crate::kernel::KernelError;
+
+    /// Reads these datagrams in turn, as the kernel's answers, then fails
+    /// as a socket whose answers stopped coming.
+    pub fn replies(
+        mut datagrams: VecDeque<Vec<u8>>,
+    ) -> impl FnMut(&mut Vec<u8>) -> Result<(), KernelError> {
+        move |buffer| {
+            buffer.clear();
+            buffer.extend(
+                datagrams
+                    .pop_front()
+                    .ok_or_else(|| KernelError::other("no answer from the kernel"))?,
+            );
+            Ok(())
+        }
+    }
+
     /// An attribute: length, type, value, padding.
     pub fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
         let mut bytes = Vec::new();

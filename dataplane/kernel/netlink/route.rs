@@ -39,42 +39,42 @@ const RTA_TABLE: u16 = 15;
 const RTA_NH_ID: u16 = 30;
 const RTAX_MTU: u16 = 2;
 
+/// `ip route add`: the kernel refuses it (EEXIST) when another route
+/// holds the place, and vxmgr never overwrites a route it does not own.
+pub(super) fn add_request(route: &KernelRoute) -> (RouteNetlinkMessage, u16) {
+    (
+        RouteNetlinkMessage::NewRoute(route_message(route)),
+        NLM_F_CREATE | NLM_F_EXCL,
+    )
+}
+
+/// What the kernel's refusal of `add_request` means.
+pub(super) fn add_refused(route: &KernelRoute, error: KernelError) -> KernelError {
+    match error.errno {
+        Some(libc::EEXIST) => KernelError {
+            errno: error.errno,
+            message: format!(
+                "another route to {} is in the kernel, and vxmgr does not own it",
+                route.dst
+            ),
+        },
+        _ => error,
+    }
+}
+
+/// `ip route replace` of one of vxmgr's routes.
+pub(super) fn replace_request(route: &KernelRoute) -> (RouteNetlinkMessage, u16) {
+    (
+        RouteNetlinkMessage::NewRoute(route_message(route)),
+        NLM_F_CREATE | NLM_F_REPLACE,
+    )
+}
+
+pub(super) fn delete_request(route: &KernelRoute) -> (RouteNetlinkMessage, u16) {
+    (RouteNetlinkMessage::DelRoute(delete_message(route)), 0)
+}
+
 impl NetlinkBackend {
-    /// `ip route add`: the kernel refuses it (EEXIST) when another route
-    /// holds the place, and vxmgr never overwrites a route it does not own.
-    pub(super) async fn add_route(&self, route: &KernelRoute) -> Result<(), KernelError> {
-        let result = self
-            .change(
-                RouteNetlinkMessage::NewRoute(route_message(route)),
-                NLM_F_CREATE | NLM_F_EXCL,
-            )
-            .await;
-        match result {
-            Err(e) if e.errno == Some(libc::EEXIST) => Err(KernelError {
-                errno: e.errno,
-                message: format!(
-                    "another route to {} is in the kernel, and vxmgr does not own it",
-                    route.dst
-                ),
-            }),
-            other => other,
-        }
-    }
-
-    /// `ip route replace` of one of vxmgr's routes.
-    pub(super) async fn replace_route(&self, route: &KernelRoute) -> Result<(), KernelError> {
-        self.change(
-            RouteNetlinkMessage::NewRoute(route_message(route)),
-            NLM_F_CREATE | NLM_F_REPLACE,
-        )
-        .await
-    }
-
-    pub(super) async fn delete_route(&self, route: &KernelRoute) -> Result<(), KernelError> {
-        self.change(RouteNetlinkMessage::DelRoute(delete_message(route)), 0)
-            .await
-    }
-
     /// Every main-table route, both families at once: whose each one is,
     /// the caller decides (`Ownership::sort_out`). One dump per family
     /// serves both ours and the host's, which vxmgr keeps out of the way of.
@@ -245,14 +245,14 @@ pub(super) fn parse_route(payload: &[u8]) -> Option<TableRoute> {
     if onlink {
         target.push_str(" onlink");
     }
-    Some(TableRoute::Other(ForeignRoute {
+    Some(TableRoute::Other(Box::new(ForeignRoute {
         dst,
         protocol,
         metric,
         target: target.trim_start().to_string(),
         gateways,
         ifindex: oif,
-    }))
+    })))
 }
 
 /// The gateways of RTA_MULTIPATH's paths (struct rtnexthop, then each
@@ -544,7 +544,7 @@ mod tests {
 
     fn foreign(payload: &[u8]) -> ForeignRoute {
         match parse_route(payload) {
-            Some(TableRoute::Other(route)) => route,
+            Some(TableRoute::Other(route)) => *route,
             other => panic!("not a foreign route: {other:?}"),
         }
     }

@@ -17,13 +17,13 @@ use rtnetlink::packet_core::{
 };
 use rtnetlink::proto::ConnectionHandle;
 use rtnetlink::sys::{
-    AsyncSocket, SocketAddr,
+    AsyncSocket, Socket, SocketAddr,
     protocols::{NETLINK_NETFILTER, NETLINK_ROUTE},
 };
 use tokio::sync::Mutex;
 use tracing::debug;
 
-use super::raw;
+use super::{io_error, raw};
 use crate::kernel::KernelError;
 
 /// How long the kernel may take to send the next message of an answer.
@@ -159,6 +159,28 @@ where
                 Some(_) => {}
                 None => return Err(KernelError::other("netlink connection closed")),
             }
+        }
+    }
+}
+
+/// Reads the next datagram into `buffer`.
+pub(super) fn receive(socket: &Socket, buffer: &mut Vec<u8>) -> Result<(), KernelError> {
+    loop {
+        buffer.clear();
+        // MSG_TRUNC: the datagram's whole length, even if it did not fit.
+        match socket.recv(buffer, libc::MSG_TRUNC) {
+            Ok(len) if len > buffer.capacity() => {
+                return Err(KernelError::other(format!(
+                    "a {len}-byte netlink datagram does not fit the {}-byte buffer",
+                    buffer.capacity()
+                )));
+            }
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                return Err(KernelError::other("no answer from the kernel"));
+            }
+            Err(e) => return Err(io_error(&e)),
         }
     }
 }
