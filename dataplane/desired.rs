@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ipnetwork::IpNetwork;
 
-use crate::model::{Family, MacAddr};
+use crate::model::{Family, IpPool, MacAddr};
 
 /// A network interface the kernel reports: the parent (underlay) interface
 /// holding the local VTEP's parent address.
@@ -116,6 +116,8 @@ pub struct Delta {
     pub neighbors: Vec<Change<Neighbor>>,
     pub fdb: Vec<Change<FdbEntry>>,
     pub ipset: Vec<Change<IpsetMember>>,
+    /// IP pools: what the firewall rules are made of.
+    pub pools: Vec<Change<IpPool>>,
 }
 
 impl Delta {
@@ -130,6 +132,7 @@ impl Delta {
             + self.neighbors.len()
             + self.fdb.len()
             + self.ipset.len()
+            + self.pools.len()
     }
 
     pub fn extend(&mut self, other: Delta) {
@@ -139,6 +142,7 @@ impl Delta {
         self.neighbors.extend(other.neighbors);
         self.fdb.extend(other.fdb);
         self.ipset.extend(other.ipset);
+        self.pools.extend(other.pools);
     }
 }
 
@@ -207,6 +211,21 @@ impl Desired for IpsetMember {
     type Key = IpNetwork;
     fn key(&self) -> IpNetwork {
         self.0
+    }
+}
+
+impl Desired for IpPool {
+    const KIND: &'static str = "ip pool";
+    type Key = String;
+    fn key(&self) -> String {
+        self.id.clone()
+    }
+}
+
+impl fmt::Display for IpPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nat = if self.masquerade { " masquerade" } else { "" };
+        write!(f, "ip pool {} {}{nat}", self.id, self.cidr)
     }
 }
 
