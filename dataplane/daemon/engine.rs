@@ -436,6 +436,11 @@ impl Engine {
             .chain(&self.objects.contested)
             .cloned()
             .collect();
-        dataplane_state(&self.manager, self.last_batch.clone(), &troubled)
+        dataplane_state(
+            &self.manager,
+            self.last_batch.clone(),
+            &troubled,
+            &self.objects.firewall,
+        )
     }
 }

@@ -14,7 +14,7 @@ use crate::desired::ParentInterface;
 use crate::kernel::KernelBackend;
 use crate::metrics::Metrics;
 use crate::metrics::http::CensusQuery;
-use crate::reconciler::{ApplyRequest, ObjectError, Reconciler, Report};
+use crate::reconciler::{ApplyRequest, FirewallStatus, ObjectError, Reconciler, Report};
 
 pub enum KernelCommand {
     /// A batch (or, with `batch: None`, an internal change such as a parent
@@ -210,6 +210,7 @@ pub struct ObjectHealth {
     pub failing: Vec<ObjectError>,
     /// Another agent keeps changing them; vxmgr backs off.
     pub contested: Vec<ObjectError>,
+    pub firewall: FirewallStatus,
 }
 
 impl ObjectHealth {
@@ -217,6 +218,7 @@ impl ObjectHealth {
         ObjectHealth {
             failing: reconciler.failing(),
             contested: reconciler.contested(Instant::now()),
+            firewall: reconciler.firewall_status(),
         }
     }
 

@@ -35,6 +35,7 @@ fn options() -> DaemonOptions {
         response_buffer: crate::server::RESPONSE_BUFFER,
         nexthops: NexthopMode::On,
         checksum_offload_broken: ChecksumOffloadBroken::False,
+        forward_rules: Some(IptablesBackend::Auto),
         flags: SettingsLayer::default(),
         record: None,
         http_listen: None,

@@ -89,7 +89,11 @@ mod tests {
     fn changes(pools: &mut Pools) -> Vec<(String, Option<IpPool>)> {
         let mut delta = Delta::default();
         pools.complete_deferred_work(&mut delta);
-        delta.pools.into_iter().map(|c| (c.key, c.desired)).collect()
+        delta
+            .pools
+            .into_iter()
+            .map(|c| (c.key, c.desired))
+            .collect()
     }
 
     #[test]

@@ -615,7 +615,10 @@ mod tests {
         let Ok(Some(Update::Pool(p))) = parse(pool("p1", "10.244.1.7/16")) else {
             panic!("pool rejected")
         };
-        assert_eq!((p.id.as_str(), p.cidr.to_string()), ("p1", "10.244.0.0/16".into()));
+        assert_eq!(
+            (p.id.as_str(), p.cidr.to_string()),
+            ("p1", "10.244.0.0/16".into())
+        );
         assert!(p.masquerade);
         let cases = [
             (pool("p1", "10.244.0.0/33"), "\"10.244.0.0/33\""),

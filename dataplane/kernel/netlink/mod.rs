@@ -30,6 +30,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use netlink_packet_route::RouteNetlinkMessage;
 
+use super::firewall::NftFirewall;
 use super::objects::{KernelOp, KernelState, Link, Notification, Ownership};
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
@@ -54,6 +55,7 @@ pub struct NetlinkBackend {
     nexthops: NetlinkSocket<NexthopMessage>,
     ipsets: NetlinkSocket<IpsetMessage>,
     ethtool: Ethtool,
+    firewall: NftFirewall,
 }
 
 impl NetlinkBackend {
@@ -68,6 +70,7 @@ impl NetlinkBackend {
                 nexthops: NetlinkSocket::open(DumpFilters::Ignored)?,
                 ipsets: NetlinkSocket::open_netfilter()?,
                 ethtool: Ethtool::open()?,
+                firewall: NftFirewall::new(),
             })
         };
         opened().map_err(|e| KernelError {
@@ -123,6 +126,12 @@ fn io_error(error: &io::Error) -> KernelError {
 }
 
 impl KernelBackend for NetlinkBackend {
+    type Firewall = NftFirewall;
+
+    fn firewall(&mut self) -> &mut NftFirewall {
+        &mut self.firewall
+    }
+
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
         let devices = self.read_links(&ownership.devices).await?;
         let indexes: Vec<u32> = devices.iter().map(|l| l.index).collect();
