@@ -22,7 +22,7 @@ use crate::metrics::{MessageCounts, MessageOutcome, Metrics};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
 use crate::server::StateQuery;
-use crate::server::state::dataplane_state;
+use crate::server::state::{dataplane_state, firewall_rules};
 use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate};
 use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 
@@ -436,11 +436,9 @@ impl Engine {
             .chain(&self.objects.contested)
             .cloned()
             .collect();
-        dataplane_state(
-            &self.manager,
-            self.last_batch.clone(),
-            &troubled,
-            &self.objects.firewall,
-        )
+        DataplaneState {
+            firewall_rules: Some(firewall_rules(&self.objects.firewall)),
+            ..dataplane_state(&self.manager, self.last_batch.clone(), &troubled)
+        }
     }
 }

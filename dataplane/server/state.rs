@@ -15,7 +15,6 @@ pub fn dataplane_state(
     manager: &Manager,
     last_batch: Option<BatchStatus>,
     failing: &[ObjectError],
-    firewall: &FirewallStatus,
 ) -> DataplaneState {
     let family = |f: Family| family_state(f, manager.family(f).snapshot());
     DataplaneState {
@@ -39,11 +38,12 @@ pub fn dataplane_state(
                 masquerade: p.masquerade,
             })
             .collect(),
-        firewall_rules: Some(firewall_rules(firewall)),
+        firewall_rules: None,
     }
 }
 
-fn firewall_rules(status: &FirewallStatus) -> FirewallRules {
+/// GetState's view of the firewall rules, from the kernel task.
+pub fn firewall_rules(status: &FirewallStatus) -> FirewallRules {
     let forward = status.forward.map(|b| {
         let value = clap::ValueEnum::to_possible_value(&b);
         value.map(|v| v.get_name().to_string()).unwrap_or_default()

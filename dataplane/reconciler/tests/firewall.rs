@@ -12,7 +12,8 @@ const POOLS: &[&str] = &[
 
 async fn pool_rig(kernel: MemoryBackend, pools: &[&str], in_sync: bool) -> Rig {
     let mut rig = Rig::new(kernel, NexthopMode::On).await;
-    rig.reconciler.set_forward_rules(Some(IptablesBackend::Auto));
+    rig.reconciler
+        .set_forward_rules(Some(IptablesBackend::Auto));
     rig.send(CLUSTER);
     rig.send(pools);
     if in_sync {
@@ -22,7 +23,12 @@ async fn pool_rig(kernel: MemoryBackend, pools: &[&str], in_sync: bool) -> Rig {
 }
 
 fn table(rig: &Rig) -> NatTable {
-    rig.kernel.lock().firewall.table.clone().expect("table inet vxmgr")
+    rig.kernel
+        .lock()
+        .firewall
+        .table
+        .clone()
+        .expect("table inet vxmgr")
 }
 
 fn members(table: &NatTable, family: Family, masquerading: bool) -> Vec<String> {
@@ -42,8 +48,14 @@ async fn pools_make_the_sets_rules_and_forward_chains_and_a_restart_changes_noth
     assert!(report.errors.is_empty(), "{report:?}");
     let t = table(&rig);
     assert!(t.intact);
-    assert_eq!(members(&t, Family::V4, false), ["10.99.0.0/16", "10.244.0.0/16"]);
-    assert_eq!(members(&t, Family::V4, true), ["10.99.0.0/16", "10.244.0.0/16"]);
+    assert_eq!(
+        members(&t, Family::V4, false),
+        ["10.99.0.0/16", "10.244.0.0/16"]
+    );
+    assert_eq!(
+        members(&t, Family::V4, true),
+        ["10.99.0.0/16", "10.244.0.0/16"]
+    );
     assert_eq!(members(&t, Family::V6, false), ["fd00:244::/48"]);
     assert!(members(&t, Family::V6, true).is_empty());
     // A masquerade rule only for the family with a masquerading pool.
@@ -64,7 +76,11 @@ async fn pools_make_the_sets_rules_and_forward_chains_and_a_restart_changes_noth
     let mut restarted = pool_rig(kernel, POOLS, true).await;
     let report = restarted.apply().await;
     assert!(report.errors.is_empty(), "{report:?}");
-    assert_eq!(firewall_applies(&restarted), applies, "a restart changed the firewall");
+    assert_eq!(
+        firewall_applies(&restarted),
+        applies,
+        "a restart changed the firewall"
+    );
 }
 
 #[tokio::test]
@@ -88,9 +104,18 @@ async fn undeclared_pools_go_after_in_sync_element_by_element() {
     assert_eq!(members(&t, Family::V4, false), ["10.244.0.0/16"]);
     assert_eq!(members(&t, Family::V4, true), ["10.244.0.0/16"]);
     assert_eq!(t.masquerade_rules[0], rule, "the rule stays as it was");
-    let last = restarted.kernel.lock().firewall.log.last().cloned().unwrap();
+    let last = restarted
+        .kernel
+        .lock()
+        .firewall
+        .log
+        .last()
+        .cloned()
+        .unwrap();
     assert!(
-        last.table.iter().all(|op| matches!(op, TableOp::DeleteElements(..))),
+        last.table
+            .iter()
+            .all(|op| matches!(op, TableOp::DeleteElements(..))),
         "{last:?}"
     );
 
@@ -126,8 +151,14 @@ async fn a_missing_nft_fails_the_rules_only_and_they_follow_once_it_is_there() {
     rig.kernel.lock().firewall.nft_missing = true;
     let report = rig.apply().await;
     assert_eq!(report.errors.len(), 1, "{report:?}");
-    assert!(report.errors[0].error.contains("nft binary is missing"), "{report:?}");
-    assert!(rig.routes().len() > 2, "the routes were programmed all the same");
+    assert!(
+        report.errors[0].error.contains("nft binary is missing"),
+        "{report:?}"
+    );
+    assert!(
+        rig.routes().len() > 2,
+        "the routes were programmed all the same"
+    );
     assert_eq!(rig.reconciler.failing().len(), 1);
     assert!(rig.reconciler.firewall_status().error.is_some());
 
@@ -142,7 +173,8 @@ async fn a_missing_nft_fails_the_rules_only_and_they_follow_once_it_is_there() {
 #[tokio::test]
 async fn without_pools_nothing_is_made_and_a_missing_nft_is_no_failure() {
     let mut rig = cluster_rig(NexthopMode::On).await;
-    rig.reconciler.set_forward_rules(Some(IptablesBackend::Auto));
+    rig.reconciler
+        .set_forward_rules(Some(IptablesBackend::Auto));
     rig.kernel.lock().firewall.nft_missing = true;
     rig.reconciler.resync().await.unwrap();
     assert!(rig.reconciler.failing().is_empty());
