@@ -8,7 +8,7 @@ mod support;
 
 use support::netns::{can_run, cluster, required, wait_until};
 use support::say;
-use support::testbed::{self, Cluster};
+use support::testbed::{self, Cluster, pool};
 
 /// The internet host's addresses on the underlay.
 const INTERNET_V4: &str = "192.168.10.200";
@@ -55,27 +55,12 @@ fn pings(ns: &str, address: &str) -> bool {
     output.status.success()
 }
 
-fn pool(id: &str, cidr: &str, masquerade: bool) -> String {
-    format!(
-        r#"{{"ipamPoolUpdate": {{"id": "{id}", "pool": {{"cidr": "{cidr}", "masquerade": {masquerade}, "vxlanMode": "Always"}}}}}}"#
-    )
-}
-
-/// Node `me`'s view with `pools` declared before its InSync.
-fn view_with(cluster: &Cluster, me: u8, pools: &[String]) -> Vec<String> {
-    let mut view = cluster.view(me, false);
-    let in_sync = view.pop().unwrap();
-    view.extend(pools.iter().cloned());
-    view.push(in_sync);
-    view
-}
-
 fn replay_pools(cluster: &Cluster, pools: &[String]) {
     for node in &cluster.nodes {
         node.replay_ok(
             &cluster.dir,
             "pools",
-            &view_with(cluster, node.index, pools),
+            &cluster.view_with_pools(node.index, false, pools),
         )
         .unwrap();
     }
@@ -307,7 +292,7 @@ fn pools_masquerade_and_forward_through_a_dropping_host_firewall() {
     node.stop_daemon(libc::SIGTERM).unwrap();
     node.start_daemon(&["--route-refresh-interval", "0"])
         .unwrap();
-    let view = view_with(&cluster, 1, &masquerading);
+    let view = cluster.view_with_pools(1, false, &masquerading);
     cluster
         .node(1)
         .replay_ok(&cluster.dir, "restart", &view)
@@ -318,7 +303,7 @@ fn pools_masquerade_and_forward_through_a_dropping_host_firewall() {
     );
 
     // A pool removed: its elements, rule and forward rules go after InSync.
-    let view = view_with(&cluster, 1, &masquerading[..1]);
+    let view = cluster.view_with_pools(1, false, &masquerading[..1]);
     cluster
         .node(1)
         .replay_ok(&cluster.dir, "v4-only", &view)
