@@ -295,7 +295,7 @@ impl Engine {
         metrics.stream(self.stream.is_some(), request.in_sync);
         self.apply_in_flight = true;
         let command = KernelCommand::Apply {
-            request,
+            request: Box::new(request),
             batch,
             refresh_interval: settings.route_refresh_interval,
         };

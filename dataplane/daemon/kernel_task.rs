@@ -20,7 +20,8 @@ pub enum KernelCommand {
     /// A batch (or, with `batch: None`, an internal change such as a parent
     /// interface found) to program.
     Apply {
-        request: ApplyRequest,
+        /// Boxed: a delta is several times the size of the other commands.
+        request: Box<ApplyRequest>,
         batch: Option<Batch>,
         refresh_interval: Option<Duration>,
     },
@@ -109,7 +110,7 @@ pub async fn run<B: KernelBackend>(
                     }
                     let started = Instant::now();
                     let in_sync = request.in_sync;
-                    let report = reconciler.apply(request).await;
+                    let report = reconciler.apply(*request).await;
                     let event = KernelEvent::Applied {
                         batch,
                         in_sync,
