@@ -266,3 +266,42 @@ async fn get_state_answers_while_a_new_stream_waits_for_the_apply_in_flight() {
     hold.release();
     rig.tasks.stop().await;
 }
+
+#[tokio::test]
+async fn a_missing_nft_shows_in_the_batch_status_health_and_get_state_and_nothing_else_waits() {
+    let mut rig = Rig::start().await;
+    rig.kernel.lock().firewall.nft_missing = true;
+    rig.send(CLUSTER).await;
+    let pool = r#"{"ipamPoolUpdate": {"id": "pods", "pool": {"cidr": "10.244.0.0/16", "masquerade": true}}}"#;
+    let last = rig.send(&[pool, IN_SYNC]).await;
+    let status = rig.batch_covering(last).await;
+    let errors: Vec<&str> = status
+        .kernel_errors
+        .iter()
+        .map(|e| e.error.as_str())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("the nft binary is missing")),
+        "{status:?}"
+    );
+    assert_eq!(rig.health().await, Status::NotServing);
+    let state = rig.state().await;
+    let rules = state.firewall_rules.clone().unwrap();
+    assert!(rules.error.contains("nft binary is missing"), "{rules:?}");
+    assert!(!rules.programmed);
+    assert_eq!(state.ip_pools.len(), 1);
+    assert!(
+        !rig.kernel.lock().routes.is_empty(),
+        "routes programmed all the same"
+    );
+
+    // nft installed: the retry programs the rules, and health follows.
+    rig.kernel.lock().firewall.nft_missing = false;
+    rig.health_becomes(Status::Serving).await;
+    let rules = rig.state().await.firewall_rules.unwrap();
+    assert!(rules.programmed && rules.error.is_empty(), "{rules:?}");
+    assert_eq!(rules.masquerading_pools, ["10.244.0.0/16"]);
+    rig.tasks.stop().await;
+}
