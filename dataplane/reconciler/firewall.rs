@@ -242,7 +242,7 @@ impl<B: KernelBackend> Reconciler<B> {
         let forward = self.firewall.forward;
         let actual = match self.firewall.actual.take() {
             Some(actual) => actual,
-            None => self.backend.firewall().read(forward).await?,
+            None => self.read_firewall().await?,
         };
         self.warn_forward_drops(&actual);
         let changes = plan(&self.firewall.wanted_with(self.sweep, &actual), &actual);
@@ -257,6 +257,21 @@ impl<B: KernelBackend> Reconciler<B> {
         // Read back: the new rules' handles, and what GetState shows.
         self.firewall.actual = Some(self.backend.firewall().read(forward).await?);
         Ok(())
+    }
+
+    /// Reads the firewall. Without pools the forward chains are read only
+    /// when vxmgr's table says pools were programmed: a host that never has
+    /// any is spared iptables' backend detection.
+    async fn read_firewall(&mut self) -> Result<FirewallState, FirewallError> {
+        let forward = self.firewall.forward;
+        if !self.firewall.pools.is_empty() || forward.is_none() {
+            return self.backend.firewall().read(forward).await;
+        }
+        let actual = self.backend.firewall().read(None).await?;
+        match actual.table {
+            Some(_) => self.backend.firewall().read(forward).await,
+            None => Ok(actual),
+        }
     }
 
     /// Nobody can override another table's drop: said once per chain.
