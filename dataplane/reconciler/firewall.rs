@@ -240,7 +240,10 @@ impl<B: KernelBackend> Reconciler<B> {
     /// Reads the firewall when needed, and applies what the pools call for.
     async fn sync_firewall(&mut self, report: &mut Report) -> Result<(), FirewallError> {
         let forward = self.firewall.forward;
-        let actual = match self.firewall.actual.take() {
+        // A read that left the forward chains out (no pools then) is no
+        // answer once they are wanted.
+        let complete = |a: &FirewallState| a.forward.is_some() || forward.is_none();
+        let actual = match self.firewall.actual.take().filter(complete) {
             Some(actual) => actual,
             None => self.read_firewall().await?,
         };
