@@ -19,8 +19,10 @@ pub struct FirewallModel {
     pub forward: [ForwardChain; 2],
     /// Other tables' forward chains with a drop policy.
     pub forward_drops: Vec<String>,
-    /// Every apply that succeeded, in order.
-    pub log: Vec<FirewallChanges>,
+    /// Applies that succeeded, and the last of them (a count, not a log:
+    /// `--kernel memory` daemons run for long).
+    pub applies: u32,
+    pub last_apply: Option<FirewallChanges>,
     /// The `nft` binary is missing: every read and apply fails.
     pub nft_missing: bool,
     next_handle: u64,
@@ -51,7 +53,8 @@ impl FirewallModel {
                 chain.jump_first = true;
             }
         }
-        next.log.push(changes.clone());
+        next.applies += 1;
+        next.last_apply = Some(changes.clone());
         *self = next;
         Ok(())
     }
