@@ -38,6 +38,9 @@ pub(super) struct FirewallSlot {
     retry_at: Option<Instant>,
     /// Other tables' forward drop policies already warned about.
     warned_drops: BTreeSet<String>,
+    /// The last read found no table of vxmgr's (or no nft): while no pool
+    /// is declared there is nothing to read again at every resync.
+    no_table: bool,
 }
 
 /// What GetState shows of the firewall rules.
@@ -99,7 +102,9 @@ impl FirewallSlot {
                 .collect()
         };
         FirewallStatus {
-            programmed: !self.dirty && self.error.is_none() && self.actual.is_some(),
+            programmed: !self.dirty
+                && self.error.is_none()
+                && (self.actual.is_some() || (self.pools.is_empty() && self.no_table)),
             pools: members(false),
             masquerading: members(true),
             forward: self.forward,
@@ -208,6 +213,10 @@ impl<B: KernelBackend> Reconciler<B> {
         if !self.firewall.dirty {
             return;
         }
+        if self.firewall.pools.is_empty() && self.firewall.no_table {
+            self.firewall.dirty = false;
+            return;
+        }
         match self.sync_firewall(report).await {
             Ok(()) => {
                 self.firewall.dirty = false;
@@ -218,6 +227,7 @@ impl<B: KernelBackend> Reconciler<B> {
             Err(error) if self.firewall.pools.is_empty() => {
                 // Nothing to program: a host without nft is no failure.
                 debug!(%error, "firewall not read; no IP pools");
+                self.firewall.no_table = true;
                 self.firewall.actual = None;
                 self.firewall.dirty = false;
                 self.firewall.error = None;
@@ -250,6 +260,7 @@ impl<B: KernelBackend> Reconciler<B> {
         self.warn_forward_drops(&actual);
         let changes = plan(&self.firewall.wanted_with(self.sweep, &actual), &actual);
         if changes.is_empty() {
+            self.firewall.no_table = actual.table.is_none();
             self.firewall.actual = Some(actual);
             return Ok(());
         }
@@ -258,7 +269,9 @@ impl<B: KernelBackend> Reconciler<B> {
         self.backend.firewall().apply(&changes).await?;
         count(&changes, actual.table.is_some(), report);
         // Read back: the new rules' handles, and what GetState shows.
-        self.firewall.actual = Some(self.backend.firewall().read(forward).await?);
+        let after = self.backend.firewall().read(forward).await?;
+        self.firewall.no_table = after.table.is_none();
+        self.firewall.actual = Some(after);
         Ok(())
     }
 

@@ -23,13 +23,19 @@ pub struct FirewallModel {
     /// `--kernel memory` daemons run for long).
     pub applies: u32,
     pub last_apply: Option<FirewallChanges>,
+    /// Reads made.
+    pub reads: u32,
     /// The `nft` binary is missing: every read and apply fails.
     pub nft_missing: bool,
     next_handle: u64,
 }
 
 impl FirewallModel {
-    pub fn read(&self, forward: Option<IptablesBackend>) -> Result<FirewallState, FirewallError> {
+    pub fn read(
+        &mut self,
+        forward: Option<IptablesBackend>,
+    ) -> Result<FirewallState, FirewallError> {
+        self.reads += 1;
         self.check_nft()?;
         Ok(FirewallState {
             table: self.table.clone(),

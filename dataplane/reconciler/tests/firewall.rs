@@ -174,3 +174,22 @@ async fn without_pools_nothing_is_made_and_a_missing_nft_is_no_failure() {
     let firewall = rig.kernel.lock().firewall.clone();
     assert!(firewall.table.is_none() && firewall.applies == 0);
 }
+
+#[tokio::test]
+async fn without_pools_a_table_found_absent_is_not_read_again_until_pools_come() {
+    let mut rig = cluster_rig(NexthopMode::On).await;
+    rig.reconciler
+        .set_forward_rules(Some(IptablesBackend::Auto));
+    rig.reconciler.resync().await.unwrap();
+    let reads = rig.kernel.lock().firewall.reads;
+    assert!(reads > 0, "read at the first resync");
+    rig.reconciler.resync().await.unwrap();
+    assert_eq!(rig.kernel.lock().firewall.reads, reads, "read again");
+    rig.send(&POOLS[..1]);
+    rig.apply().await;
+    assert!(table(&rig).intact);
+    // The last pool removed: its elements go, the table is read again.
+    rig.send(&[r#"{"ipamPoolRemove": {"id": "pods-v4"}}"#]);
+    rig.apply().await;
+    assert!(members(&table(&rig), Family::V4, false).is_empty());
+}
