@@ -133,8 +133,18 @@ pub fn run(args: DemoArgs) -> Result<bool, StubError> {
             node.pod_ns()
         );
     }
-    step("starting vxmgrd on each node and replaying its view of the cluster with calc-stub");
-    cluster.start_all(&[], args.same_subnet)?;
+    step(
+        "starting vxmgrd on each node and replaying its view of the cluster (with masquerading IP pools) with calc-stub",
+    );
+    let pools = [
+        testbed::pool("default-ipv4-ippool", "10.244.0.0/16", true),
+        testbed::pool("default-ipv6-ippool", "fd00:244::/48", true),
+    ];
+    // These namespaces hold no iptables rules, on which Felix's detection
+    // (and vxmgrd's auto) picks legacy: ask for the nft backend, which
+    // `iptables-nft` shows.
+    let flags = ["--iptables-backend", "nft"];
+    cluster.start_all_with_pools(&flags, args.same_subnet, &pools)?;
     for node in &cluster.nodes {
         println!("  {}: every batch OK", node.name);
     }
@@ -150,6 +160,9 @@ pub fn run(args: DemoArgs) -> Result<bool, StubError> {
         "ip neigh show dev vxlan.calico",
         "bridge fdb show dev vxlan.calico",
         "ipset list cali40all-vxlan-net",
+        "nft list table inet vxmgr",
+        "iptables-nft -S VXMGR-FORWARD",
+        "iptables-nft -S FORWARD",
     ] {
         show(&a.ns, command)?;
     }

@@ -1,5 +1,6 @@
 //! `calc-stub generate`: a synthetic cluster as one node's calc graph would
-//! stream it: config, every VTEP, every IPAM block, InSync.
+//! stream it: config, the IP pools (with `--pools`), every VTEP, every IPAM
+//! block, InSync.
 //!
 //! Addressing: block j of node i is the j-th /26 (or /122) after
 //! 10.0.0.0 (fd00:244::) counting i*K+j; a node's tunnel address is the
@@ -12,8 +13,8 @@ use std::path::PathBuf;
 
 use vxmgr::wire::Received;
 use vxmgr::wire::felix::{
-    ConfigUpdate, InSync, IpPoolType, RouteType, RouteUpdate, ToDataplane,
-    VxlanTunnelEndpointUpdate, to_dataplane::Payload,
+    ConfigUpdate, InSync, IpPoolType, IpamPool, IpamPoolUpdate, RouteType, RouteUpdate,
+    ToDataplane, VxlanTunnelEndpointUpdate, to_dataplane::Payload,
 };
 use vxmgr::wire::replay::{ReplayFormat, ReplayWriter};
 
@@ -33,6 +34,10 @@ pub struct GenerateArgs {
     /// Give every node IPv6 addresses and blocks too.
     #[arg(long)]
     ipv6: bool,
+    /// Declare the blocks' IP pools, masquerading (Felix's natOutgoing):
+    /// 10.0.0.0/8, and fd00:244::/48 with --ipv6.
+    #[arg(long)]
+    pools: bool,
     /// Write here instead of standard output (.jsonl: JSON lines; otherwise Felix framing).
     #[arg(long, short)]
     output: Option<PathBuf>,
@@ -125,6 +130,23 @@ fn cluster(args: &GenerateArgs) -> impl Iterator<Item = ToDataplane> + '_ {
             .collect(),
         ..Default::default()
     };
+    let pools = [
+        ("pool-ipv4", "10.0.0.0/8", true),
+        ("pool-ipv6", "fd00:244::/48", args.ipv6),
+    ]
+    .into_iter()
+    .filter(move |(_, _, wanted)| args.pools && *wanted)
+    .map(|(id, cidr, _)| {
+        message(Payload::IpamPoolUpdate(IpamPoolUpdate {
+            id: id.to_string(),
+            pool: Some(IpamPool {
+                cidr: cidr.to_string(),
+                masquerade: true,
+                vxlan_mode: "Always".to_string(),
+                ..Default::default()
+            }),
+        }))
+    });
     let k = u64::from(args.blocks_per_node);
     let vteps = (0..args.nodes).map(move |i| {
         let first = u64::from(i) * k;
@@ -189,6 +211,7 @@ fn cluster(args: &GenerateArgs) -> impl Iterator<Item = ToDataplane> + '_ {
         out
     });
     std::iter::once(message(Payload::ConfigUpdate(config)))
+        .chain(pools)
         .chain(vteps)
         .chain(routes)
         .chain(std::iter::once(message(Payload::InSync(InSync {}))))

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use ipnetwork::IpNetwork;
 
 use crate::config::DeviceNames;
-use crate::model::{Family, MacAddr};
+use crate::model::{Family, IpPool, MacAddr};
 
 /// A network interface the kernel reports: the parent (underlay) interface
 /// holding the local VTEP's parent address.
@@ -134,6 +134,8 @@ pub struct Delta {
     pub neighbors: Vec<Change<Neighbor>>,
     pub fdb: Vec<Change<FdbEntry>>,
     pub ipset: Vec<Change<IpsetMember>>,
+    /// IP pools: what the firewall rules are made of.
+    pub pools: Vec<Change<IpPool>>,
 }
 
 impl Delta {
@@ -148,6 +150,7 @@ impl Delta {
             + self.neighbors.len()
             + self.fdb.len()
             + self.ipset.len()
+            + self.pools.len()
     }
 
     pub fn extend(&mut self, other: Delta) {
@@ -157,6 +160,7 @@ impl Delta {
         self.neighbors.extend(other.neighbors);
         self.fdb.extend(other.fdb);
         self.ipset.extend(other.ipset);
+        self.pools.extend(other.pools);
     }
 }
 
@@ -296,6 +300,21 @@ impl Desired for IpsetMember {
     fn describe(&self, _: &DeviceNames) -> String {
         let family = Family::of_net(&self.0);
         format!("ipset {} member {}", family.ipset_name(), self.0)
+    }
+}
+
+impl Desired for IpPool {
+    const KIND: &'static str = "ip pool";
+    type Key = String;
+    fn key(&self) -> String {
+        self.id.clone()
+    }
+}
+
+impl fmt::Display for IpPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let nat = if self.masquerade { " masquerade" } else { "" };
+        write!(f, "ip pool {} {}{nat}", self.id, self.cidr)
     }
 }
 

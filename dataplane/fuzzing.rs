@@ -13,7 +13,7 @@ use crate::desired::{
     VxlanDevice,
 };
 use crate::manager::Manager;
-use crate::model::{Family, Update};
+use crate::model::{Family, IpPool, Update};
 use crate::wire::felix::ToDataplane;
 use crate::wire::replay::{ReplayFormat, read};
 
@@ -83,6 +83,7 @@ struct Assembled {
     neighbors: Map<Neighbor>,
     fdb: Map<FdbEntry>,
     ipset: Map<IpsetMember>,
+    pools: Map<IpPool>,
 }
 
 impl Assembled {
@@ -93,11 +94,12 @@ impl Assembled {
         merge(&mut self.neighbors, delta.neighbors);
         merge(&mut self.fdb, delta.fdb);
         merge(&mut self.ipset, delta.ipset);
+        merge(&mut self.pools, delta.pools);
     }
 
     /// Every kind's objects, printed and sorted, for a comparison that
     /// shows what differs.
-    fn shown(&self) -> [Vec<String>; 6] {
+    fn shown(&self) -> [Vec<String>; 7] {
         [
             shown(&self.devices),
             shown(&self.nexthops),
@@ -105,6 +107,7 @@ impl Assembled {
             shown(&self.neighbors),
             shown(&self.fdb),
             shown(&self.ipset),
+            shown(&self.pools),
         ]
     }
 }

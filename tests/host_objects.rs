@@ -12,9 +12,8 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
 
-use support::netns::{can_run, cluster};
+use support::netns::{can_run, cluster, wait_until};
 use support::testbed::{self, Cluster};
 
 /// The host's own objects on node-1 (underlay 192.168.10.1/24 on eth0,
@@ -53,8 +52,6 @@ const HOST_OBJECTS: &[&str] = &[
     "ipset add cali40all-vxlan-ne 10.1.2.3",
     "ipset create cali60all-vxlan-net6 hash:net family inet6",
 ];
-
-const WAIT: Duration = Duration::from_secs(30);
 
 /// Everything the host holds that the tests compare, a line an object.
 fn host_listing(ns: &str) -> BTreeSet<String> {
@@ -99,15 +96,6 @@ fn routes_with(ns: &str, protocol: &str) -> usize {
     let v4 = testbed::sh(ns, &format!("ip route show proto {protocol}")).unwrap();
     let v6 = testbed::sh(ns, &format!("ip -6 route show proto {protocol}")).unwrap();
     v4.lines().chain(v6.lines()).count()
-}
-
-/// Waits until `done` holds, checking every 50 ms, for at most `WAIT`.
-fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn resyncs(cluster: &Cluster) -> usize {

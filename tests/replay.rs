@@ -210,6 +210,31 @@ fn generate_ipv6_gives_v6_vteps_and_blocks() {
 }
 
 #[test]
+fn generate_pools_declares_the_blocks_pools_masquerading() {
+    let pools = |args: &[&str]| -> Vec<(String, String, bool)> {
+        generated(args)
+            .into_iter()
+            .filter_map(|m| match m.payload {
+                Some(Payload::IpamPoolUpdate(p)) => {
+                    let pool = p.pool.unwrap();
+                    Some((p.id, pool.cidr, pool.masquerade))
+                }
+                _ => None,
+            })
+            .collect()
+    };
+    assert!(pools(&["--nodes", "2", "--ipv6"]).is_empty());
+    assert_eq!(
+        pools(&["--nodes", "2", "--ipv6", "--pools"]),
+        [
+            ("pool-ipv4".into(), "10.0.0.0/8".into(), true),
+            ("pool-ipv6".into(), "fd00:244::/48".into(), true)
+        ]
+    );
+    assert_eq!(pools(&["--nodes", "2", "--pools"]).len(), 1);
+}
+
+#[test]
 fn generate_local_node_makes_that_nodes_blocks_local() {
     let messages = generated(&[
         "--nodes",

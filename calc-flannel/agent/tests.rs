@@ -47,6 +47,7 @@ impl Rig {
             response_buffer: vxmgr::server::RESPONSE_BUFFER,
             nexthops: NexthopMode::On,
             checksum_offload_broken: ChecksumOffloadBroken::False,
+            forward_rules: None,
             flags: SettingsLayer::default(),
             record: None,
             http_listen: None,

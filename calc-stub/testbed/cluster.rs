@@ -411,16 +411,44 @@ impl Cluster {
         lines
     }
 
+    /// Node `me`'s view with `pools` (see `pool`) declared before its InSync.
+    pub fn view_with_pools(&self, me: u8, same_subnet: bool, pools: &[String]) -> Vec<String> {
+        let mut view = self.view(me, same_subnet);
+        let in_sync = view.pop();
+        view.extend(pools.iter().cloned());
+        view.extend(in_sync);
+        view
+    }
+
     /// Starts vxmgrd on every node and feeds each its view.
     pub fn start_all(&mut self, flags: &[&str], same_subnet: bool) -> Result<()> {
+        self.start_all_with_pools(flags, same_subnet, &[])
+    }
+
+    /// Starts vxmgrd on every node and feeds each its view with `pools`.
+    pub fn start_all_with_pools(
+        &mut self,
+        flags: &[&str],
+        same_subnet: bool,
+        pools: &[String],
+    ) -> Result<()> {
         for node in &mut self.nodes {
             node.start_daemon(flags)?;
         }
         for node in &self.nodes {
-            node.replay_ok(&self.dir, "view", &self.view(node.index, same_subnet))?;
+            let view = self.view_with_pools(node.index, same_subnet, pools);
+            node.replay_ok(&self.dir, "view", &view)?;
         }
         Ok(())
     }
+}
+
+/// An IP pool as Felix's calc graph declares it; the cluster's pods are in
+/// 10.244.0.0/16 and fd00:244::/48.
+pub fn pool(id: &str, cidr: &str, masquerade: bool) -> String {
+    format!(
+        r#"{{"ipamPoolUpdate": {{"id": "{id}", "pool": {{"cidr": "{cidr}", "masquerade": {masquerade}, "vxlanMode": "Always"}}}}}}"#
+    )
 }
 
 impl Drop for Cluster {

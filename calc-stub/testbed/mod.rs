@@ -18,7 +18,7 @@ use std::process::{Command, Output};
 
 pub use census::Census;
 pub use churn::Churn;
-pub use cluster::{Binaries, Cluster, Node};
+pub use cluster::{Binaries, Cluster, Node, pool};
 pub use flannel::FlannelCluster;
 pub use monitor::Monitor;
 

@@ -15,6 +15,7 @@ use tracing_subscriber::EnvFilter;
 use vxmgr::calc_source::felix_pipes::FelixPipes;
 use vxmgr::config::{self, SettingsLayer};
 use vxmgr::daemon::{self, ChecksumOffloadBroken, DaemonOptions, KernelKind};
+use vxmgr::kernel::firewall::IptablesBackend;
 use vxmgr::reconciler::NexthopMode;
 
 /// Programs the kernel's VXLAN dataplane (device, ARP/FDB, routes,
@@ -100,6 +101,15 @@ struct Cli {
     /// Route through one nexthop object per remote node.
     #[arg(long, env = "VXMGR_NEXTHOP_OBJECTS", value_enum, default_value_t = NexthopMode::Auto)]
     nexthop_objects: NexthopMode,
+    /// Accept forwarded traffic from and to the IP pools in a chain of
+    /// vxmgr's own in iptables' filter table, jumped to from the top of
+    /// FORWARD (false: the host's firewall is managed elsewhere).
+    #[arg(long, env = "VXMGR_FORWARD_RULES", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    forward_rules: bool,
+    /// The iptables the forward rules go through (auto: the one the host
+    /// uses, detected as Felix does).
+    #[arg(long, env = "VXMGR_IPTABLES_BACKEND", value_enum, default_value_t = IptablesBackend::Auto)]
+    iptables_backend: IptablesBackend,
     /// Turn TX checksum offload off on the VXLAN devices.
     #[arg(long, env = "VXMGR_CHECKSUM_OFFLOAD_BROKEN", value_enum, default_value_t = ChecksumOffloadBroken::Auto)]
     checksum_offload_broken: ChecksumOffloadBroken,
@@ -167,6 +177,7 @@ impl Cli {
             response_buffer: self.response_buffer,
             nexthops: self.nexthop_objects,
             checksum_offload_broken: self.checksum_offload_broken,
+            forward_rules: self.forward_rules.then_some(self.iptables_backend),
             flags: SettingsLayer {
                 vni: self.vxlan_vni,
                 port: self.vxlan_port,

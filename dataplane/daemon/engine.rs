@@ -22,7 +22,7 @@ use crate::metrics::{MessageCounts, MessageOutcome, Metrics};
 use crate::model::{Family, Update};
 use crate::reconciler::{ApplyRequest, ObjectError};
 use crate::server::StateQuery;
-use crate::server::state::dataplane_state;
+use crate::server::state::{dataplane_state, firewall_rules};
 use crate::wire::felix::{DataplaneInSync, ProcessStatusUpdate};
 use crate::wire::vxmgr::v1::{BatchStatus, DataplaneState, sync_response};
 
@@ -302,7 +302,7 @@ impl Engine {
         metrics.stream(self.stream.is_some(), request.in_sync);
         self.apply_in_flight = true;
         let command = KernelCommand::Apply {
-            request,
+            request: Box::new(request),
             batch,
             refresh_interval: settings.route_refresh_interval,
         };
@@ -443,6 +443,9 @@ impl Engine {
             .chain(&self.objects.contested)
             .cloned()
             .collect();
-        dataplane_state(&self.manager, self.last_batch.clone(), &troubled)
+        DataplaneState {
+            firewall_rules: Some(firewall_rules(&self.objects.firewall)),
+            ..dataplane_state(&self.manager, self.last_batch.clone(), &troubled)
+        }
     }
 }

@@ -15,13 +15,14 @@ use crate::desired::ParentInterface;
 use crate::kernel::KernelBackend;
 use crate::metrics::Metrics;
 use crate::metrics::http::CensusQuery;
-use crate::reconciler::{ApplyRequest, ObjectError, Reconciler, Report};
+use crate::reconciler::{ApplyRequest, FirewallStatus, ObjectError, Reconciler, Report};
 
 pub enum KernelCommand {
     /// A batch (or, with `batch: None`, an internal change such as a parent
     /// interface found) to program.
     Apply {
-        request: ApplyRequest,
+        /// Boxed: a delta is several times the size of the other commands.
+        request: Box<ApplyRequest>,
         batch: Option<Batch>,
         refresh_interval: Option<Duration>,
     },
@@ -111,7 +112,7 @@ pub async fn run<B: KernelBackend>(
                     }
                     let started = Instant::now();
                     let in_sync = request.in_sync;
-                    let report = reconciler.apply(request).await;
+                    let report = reconciler.apply(*request).await;
                     releaser.count(report.operations);
                     let event = KernelEvent::Applied {
                         batch,
@@ -215,6 +216,7 @@ pub struct ObjectHealth {
     pub failing: Vec<ObjectError>,
     /// Another agent keeps changing them; vxmgr backs off.
     pub contested: Vec<ObjectError>,
+    pub firewall: FirewallStatus,
 }
 
 impl ObjectHealth {
@@ -222,6 +224,7 @@ impl ObjectHealth {
         ObjectHealth {
             failing: reconciler.failing(),
             contested: reconciler.contested(Instant::now()),
+            firewall: reconciler.firewall_status(),
         }
     }
 

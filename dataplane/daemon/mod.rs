@@ -25,6 +25,7 @@ use crate::calc_source::felix_pipes::{FelixPipes, PipeError};
 use crate::calc_source::recorder::Recorder;
 use crate::config::{Config, SettingsLayer};
 use crate::kernel::KernelBackend;
+use crate::kernel::firewall::IptablesBackend;
 use crate::kernel::memory::MemoryBackend;
 use crate::kernel::netlink::NetlinkBackend;
 use crate::manager::Manager;
@@ -73,6 +74,8 @@ pub struct DaemonOptions {
     pub response_buffer: usize,
     pub nexthops: NexthopMode,
     pub checksum_offload_broken: ChecksumOffloadBroken,
+    /// Forwarding rules for the IP pools through this iptables; `None`: off.
+    pub forward_rules: Option<IptablesBackend>,
     /// Settings given on the command line: they beat ConfigUpdate.
     pub flags: SettingsLayer,
     pub record: Option<PathBuf>,
@@ -283,6 +286,7 @@ impl Tasks {
             metrics: metrics.clone(),
         };
         let backend_metrics = metrics.clone();
+        let forward_rules = options.forward_rules;
         let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
         let kernel_thread = std::thread::Builder::new()
             .name("vxmgr-kernel".into())
@@ -306,7 +310,8 @@ impl Tasks {
                         }
                     };
                     let _ = opened_tx.send(Ok(()));
-                    let reconciler = Reconciler::new(backend, reconciler_options).await;
+                    let mut reconciler = Reconciler::new(backend, reconciler_options).await;
+                    reconciler.set_forward_rules(forward_rules);
                     kernel_task::run(reconciler, task_options, kernel_rx, events_tx, census).await;
                 });
             })

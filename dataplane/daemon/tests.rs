@@ -35,6 +35,7 @@ fn options() -> DaemonOptions {
         response_buffer: crate::server::RESPONSE_BUFFER,
         nexthops: NexthopMode::On,
         checksum_offload_broken: ChecksumOffloadBroken::False,
+        forward_rules: Some(IptablesBackend::Auto),
         flags: SettingsLayer::default(),
         record: None,
         http_listen: None,
@@ -307,5 +308,44 @@ async fn batches_close_when_the_stream_pauses_and_gather_during_an_apply() {
         "what arrived during the apply is one batch: {status:?}"
     );
     assert!(status.in_sync, "{status:?}");
+    rig.tasks.stop().await;
+}
+
+#[tokio::test]
+async fn a_missing_nft_shows_in_the_batch_status_health_and_get_state_and_nothing_else_waits() {
+    let mut rig = Rig::start().await;
+    rig.kernel.lock().firewall.nft_missing = true;
+    rig.send(CLUSTER).await;
+    let pool = r#"{"ipamPoolUpdate": {"id": "pods", "pool": {"cidr": "10.244.0.0/16", "masquerade": true}}}"#;
+    let last = rig.send(&[pool, IN_SYNC]).await;
+    let status = rig.batch_covering(last).await;
+    let errors: Vec<&str> = status
+        .kernel_errors
+        .iter()
+        .map(|e| e.error.as_str())
+        .collect();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("the nft binary is missing")),
+        "{status:?}"
+    );
+    assert_eq!(rig.health().await, Status::NotServing);
+    let state = rig.state().await;
+    let rules = state.firewall_rules.clone().unwrap();
+    assert!(rules.error.contains("nft binary is missing"), "{rules:?}");
+    assert!(!rules.programmed);
+    assert_eq!(state.ip_pools.len(), 1);
+    assert!(
+        !rig.kernel.lock().routes.is_empty(),
+        "routes programmed all the same"
+    );
+
+    // nft installed: the retry programs the rules, and health follows.
+    rig.kernel.lock().firewall.nft_missing = false;
+    rig.health_becomes(Status::Serving).await;
+    let rules = rig.state().await.firewall_rules.unwrap();
+    assert!(rules.programmed && rules.error.is_empty(), "{rules:?}");
+    assert_eq!(rules.masquerading_pools, ["10.244.0.0/16"]);
     rig.tasks.stop().await;
 }

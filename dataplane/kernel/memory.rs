@@ -11,6 +11,8 @@ use foldhash::HashMap;
 use ipnetwork::IpNetwork;
 use tokio::sync::{mpsc, watch};
 
+use super::firewall::memory::FirewallModel;
+use super::firewall::{Firewall, FirewallChanges, FirewallError, FirewallState, IptablesBackend};
 use super::objects::{
     DumpedNexthop, IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute,
     KernelRouteVia, KernelState, Link, Notification, Ownership, TableRoute, VxlanAttrs,
@@ -33,6 +35,7 @@ pub struct MemoryKernel {
     pub neighbors: HashMap<(u32, IpAddr), KernelNeighbor>,
     pub fdb: HashMap<(u32, MacAddr), KernelFdb>,
     pub ipsets: HashMap<String, BTreeSet<IpNetwork>>,
+    pub firewall: FirewallModel,
     /// Every operation applied (successful or not), in order, once
     /// `record_operations` was called.
     pub log: Vec<KernelOp>,
@@ -478,7 +481,26 @@ impl MemoryKernel {
     }
 }
 
+impl Firewall for MemoryBackend {
+    async fn read(
+        &mut self,
+        forward: Option<IptablesBackend>,
+    ) -> Result<FirewallState, FirewallError> {
+        self.lock().firewall.read(forward)
+    }
+
+    async fn apply(&mut self, changes: &FirewallChanges) -> Result<(), FirewallError> {
+        self.lock().firewall.apply(changes)
+    }
+}
+
 impl KernelBackend for MemoryBackend {
+    type Firewall = MemoryBackend;
+
+    fn firewall(&mut self) -> &mut MemoryBackend {
+        self
+    }
+
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
         let k = self.lock();
         match k.dump_fault {

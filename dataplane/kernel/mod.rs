@@ -2,6 +2,7 @@
 //! real kernel; `memory` keeps the same semantics in maps and records every
 //! operation, for kernel-free tests and `--kernel memory`.
 
+pub mod firewall;
 pub mod memory;
 pub mod netlink;
 pub mod objects;
@@ -12,6 +13,7 @@ use std::net::IpAddr;
 use tokio::sync::mpsc;
 
 use crate::desired::ParentInterface;
+use firewall::Firewall;
 use objects::{KernelOp, KernelState, Link, Notification, Ownership};
 
 /// Why the kernel refused an operation or a read.
@@ -46,6 +48,11 @@ impl KernelError {
 
 /// What vxmgr needs from a kernel. One task owns the backend.
 pub trait KernelBackend: Send + 'static {
+    /// The same host's firewall (or its model, for the memory kernel).
+    type Firewall: Firewall;
+
+    fn firewall(&mut self) -> &mut Self::Firewall;
+
     /// Every object vxmgr owns, by the rules in `ownership`.
     fn dump(
         &mut self,

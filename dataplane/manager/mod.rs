@@ -2,6 +2,7 @@
 //! state out. No I/O, no clocks; the daemon drives it.
 
 mod family;
+mod pools;
 #[cfg(test)]
 mod tests;
 
@@ -14,7 +15,8 @@ pub use family::{
 use crate::config::{Config, Settings};
 use crate::desired::{Delta, ParentInterface};
 use crate::model::update::Rejection;
-use crate::model::{Family, Update};
+use crate::model::{Family, IpPool, Update};
+use pools::Pools;
 
 /// What became of one update.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +34,7 @@ pub struct Manager {
     hostname: Arc<str>,
     v4: FamilyManager,
     v6: FamilyManager,
+    pools: Pools,
     in_sync: bool,
 }
 
@@ -51,6 +54,7 @@ impl Manager {
             v6: family(Family::V6),
             config,
             hostname,
+            pools: Pools::default(),
             in_sync: false,
         }
     }
@@ -76,6 +80,11 @@ impl Manager {
 
     pub fn in_sync(&self) -> bool {
         self.in_sync
+    }
+
+    /// The IP pools the stream declared, by id.
+    pub fn pools(&self) -> impl Iterator<Item = &IpPool> {
+        self.pools.all()
     }
 
     pub fn family(&self, f: Family) -> &FamilyManager {
@@ -125,6 +134,8 @@ impl Manager {
                 let v6 = self.v6.on_vtep_remove(&node);
                 v4 || v6
             }
+            Update::Pool(pool) => self.pools.on_update(pool)?,
+            Update::PoolRemove(id) => self.pools.on_remove(&id),
         };
         Ok(if applied {
             Outcome::Applied
@@ -143,6 +154,7 @@ impl Manager {
         let mut delta = Delta::default();
         self.v4.complete_deferred_work(&mut delta);
         self.v6.complete_deferred_work(&mut delta);
+        self.pools.complete_deferred_work(&mut delta);
         delta
     }
 
@@ -151,6 +163,7 @@ impl Manager {
         let mut delta = Delta::default();
         self.v4.full_delta(&mut delta);
         self.v6.full_delta(&mut delta);
+        self.pools.full_delta(&mut delta);
         delta
     }
 }

@@ -54,6 +54,12 @@ fn labels(op: &KernelOp) -> (&'static str, &'static str) {
 }
 
 impl<B: KernelBackend> KernelBackend for MeteredBackend<B> {
+    type Firewall = B::Firewall;
+
+    fn firewall(&mut self) -> &mut B::Firewall {
+        self.inner.firewall()
+    }
+
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
         self.inner.dump(ownership).await
     }

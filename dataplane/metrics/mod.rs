@@ -251,7 +251,7 @@ impl Metrics {
 /// added to the metrics when it closes (a map lookup per message would
 /// cost more than handling most messages).
 #[derive(Default)]
-pub struct MessageCounts([[u64; 3]; 7]);
+pub struct MessageCounts([[u64; 3]; 9]);
 
 #[derive(Clone, Copy)]
 pub enum MessageOutcome {
@@ -261,13 +261,15 @@ pub enum MessageOutcome {
 }
 
 impl MessageCounts {
-    const KINDS: [&'static str; 7] = [
+    const KINDS: [&'static str; 9] = [
         "config_update",
         "in_sync",
         "route_update",
         "route_remove",
         "vtep_update",
         "vtep_remove",
+        "ipam_pool_update",
+        "ipam_pool_remove",
         "unknown",
     ];
     const OUTCOMES: [&'static str; 3] = ["applied", "ignored", "rejected"];
@@ -281,8 +283,10 @@ impl MessageCounts {
             Some(Payload::RouteRemove(_)) => 3,
             Some(Payload::VtepUpdate(_)) => 4,
             Some(Payload::VtepRemove(_)) => 5,
+            Some(Payload::IpamPoolUpdate(_)) => 6,
+            Some(Payload::IpamPoolRemove(_)) => 7,
             // Payloads this build does not know (skipped while decoding).
-            None => 6,
+            None => 8,
         }
     }
 

@@ -8,5 +8,6 @@ pub mod update;
 pub use family::Family;
 pub use mac::MacAddr;
 pub use update::{
-    PoolType, RemoteRouteKind, RouteIntent, RouteTypes, Update, VtepAddresses, VtepPart, VtepUpdate,
+    IpPool, PoolType, RemoteRouteKind, RouteIntent, RouteTypes, Update, VtepAddresses, VtepPart,
+    VtepUpdate,
 };

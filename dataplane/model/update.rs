@@ -25,6 +25,22 @@ pub enum Update {
     /// on its own (see [`VtepPart`]).
     Vtep(VtepUpdate),
     VtepRemove(String),
+    /// An IP pool declared or changed, by its id.
+    Pool(IpPool),
+    /// An IP pool gone, by its id.
+    PoolRemove(String),
+}
+
+/// A validated IP pool: Felix's `IPAMPool` under its id. The encapsulation
+/// modes and allowed uses are not vxmgr's business.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpPool {
+    pub id: String,
+    /// Masked, never of prefix length 0.
+    pub cidr: IpNetwork,
+    /// Felix's natOutgoing: traffic from the pool to outside every pool is
+    /// masqueraded.
+    pub masquerade: bool,
 }
 
 /// Felix's `IPPoolType`.
@@ -224,6 +240,10 @@ impl Update {
             }
             Payload::VtepUpdate(v) => Update::Vtep(parse_vtep(v)?),
             Payload::VtepRemove(v) => Update::VtepRemove(parse_node("vtep_remove.node", v.node)?),
+            Payload::IpamPoolUpdate(p) => Update::Pool(parse_pool(p)?),
+            Payload::IpamPoolRemove(p) => {
+                Update::PoolRemove(parse_node("ipam_pool_remove.id", p.id)?)
+            }
         }))
     }
 }
@@ -297,6 +317,33 @@ fn parse_route(r: felix::RouteUpdate) -> Result<RouteIntent, Rejection> {
         same_subnet: r.same_subnet,
         local_workload: r.local_workload,
         borrowed: r.borrowed,
+    })
+}
+
+/// A pool needs an id and a CIDR. A prefix length of 0 would make every
+/// destination part of the pool (nothing would ever be masqueraded) and
+/// accept all forwarded traffic: refused like a default route.
+fn parse_pool(p: felix::IpamPoolUpdate) -> Result<IpPool, Rejection> {
+    let id = parse_node("ipam_pool_update.id", p.id)?;
+    let Some(pool) = p.pool else {
+        return Err(Rejection(format!(
+            "ipam_pool_update.pool of pool {} is missing",
+            quote(&id)
+        )));
+    };
+    let field = "ipam_pool_update.pool.cidr";
+    let cidr = parse_cidr(field, &pool.cidr)?;
+    if cidr.prefix() == 0 {
+        return Err(Rejection::bad_value(
+            field,
+            &pool.cidr,
+            "a pool of prefix length 0 would hold every address",
+        ));
+    }
+    Ok(IpPool {
+        id,
+        cidr,
+        masquerade: pool.masquerade,
     })
 }
 
@@ -549,6 +596,50 @@ mod tests {
             let err = vtep_rejection(v);
             assert!(err.0.contains(&format!("{value:?}")), "{err}");
             assert!(err.0.contains(why), "{err}");
+        }
+    }
+
+    fn pool(id: &str, cidr: &str) -> Payload {
+        Payload::IpamPoolUpdate(felix::IpamPoolUpdate {
+            id: id.into(),
+            pool: Some(felix::IpamPool {
+                cidr: cidr.into(),
+                masquerade: true,
+                ..Default::default()
+            }),
+        })
+    }
+
+    #[test]
+    fn pools_are_validated_by_value() {
+        let Ok(Some(Update::Pool(p))) = parse(pool("p1", "10.244.1.7/16")) else {
+            panic!("pool rejected")
+        };
+        assert_eq!(
+            (p.id.as_str(), p.cidr.to_string()),
+            ("p1", "10.244.0.0/16".into())
+        );
+        assert!(p.masquerade);
+        let cases = [
+            (pool("p1", "10.244.0.0/33"), "\"10.244.0.0/33\""),
+            (pool("p1", "not-a-cidr"), "\"not-a-cidr\""),
+            (pool("p1", "0.0.0.0/0"), "prefix length 0"),
+            (pool("", "10.244.0.0/16"), "ipam_pool_update.id is empty"),
+            (
+                Payload::IpamPoolUpdate(felix::IpamPoolUpdate {
+                    id: "p1".into(),
+                    pool: None,
+                }),
+                "pool of pool \"p1\" is missing",
+            ),
+            (
+                Payload::IpamPoolRemove(felix::IpamPoolRemove { id: "".into() }),
+                "ipam_pool_remove.id is empty",
+            ),
+        ];
+        for (payload, why) in cases {
+            let err = parse(payload).unwrap_err();
+            assert!(err.0.contains(why), "{why}: {err}");
         }
     }
 

@@ -4,6 +4,7 @@
 
 pub mod census;
 mod device;
+mod firewall;
 mod host;
 mod ipsets;
 mod links;
@@ -26,12 +27,15 @@ use crate::desired::{
     Delta, FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey, NexthopVia,
     ParentInterface, Route, RouteTarget, VxlanDevice,
 };
+use crate::kernel::firewall::IptablesBackend;
 use crate::kernel::objects::{
     ForeignRoute, IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link,
     Notification, Ownership, TableRoute,
 };
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
+use firewall::FirewallSlot;
+pub use firewall::FirewallStatus;
 use host::HostView;
 use nexthops::NexthopIds;
 use table::{AnyTable, Effect, Plan, Programmable, RenderContext, Table};
@@ -177,6 +181,8 @@ pub struct Reconciler<B: KernelBackend> {
     resync_due: Option<Instant>,
     /// Resyncs that failed in a row.
     resync_failures: u32,
+    /// The pools' firewall rules.
+    firewall: FirewallSlot,
 }
 
 /// Interface indexes and nexthop ids as the reconciler knows them now.
@@ -271,6 +277,7 @@ impl<B: KernelBackend> Reconciler<B> {
             links_changed: false,
             resync_due: None,
             resync_failures: 0,
+            firewall: FirewallSlot::default(),
         }
     }
 
@@ -283,6 +290,16 @@ impl<B: KernelBackend> Reconciler<B> {
         &mut self,
     ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Notification>, KernelError> {
         self.backend.watch()
+    }
+
+    /// Forwarding rules through this iptables backend; `None`: none
+    /// (the host's firewall is managed elsewhere). Off until set.
+    pub fn set_forward_rules(&mut self, forward: Option<IptablesBackend>) {
+        self.firewall.forward = forward;
+    }
+
+    pub fn firewall_status(&self) -> FirewallStatus {
+        self.firewall.status()
     }
 
     pub fn uses_nexthops(&self) -> bool {
@@ -318,6 +335,7 @@ impl<B: KernelBackend> Reconciler<B> {
             slot.desired = None;
         }
         self.unassigned.clear();
+        self.firewall.clear_pools();
         self.tables_mut()
             .into_iter()
             .for_each(|t| t.clear_desired());
@@ -375,6 +393,7 @@ impl<B: KernelBackend> Reconciler<B> {
             .ipset
             .into_iter()
             .for_each(|c| self.ipset.set_desired(c));
+        self.firewall.set_pools(delta.pools);
         let mut report = Report::default();
         if self.ownership.set_protocol(request.route_protocol) {
             info!(
@@ -449,6 +468,7 @@ impl<B: KernelBackend> Reconciler<B> {
         for slot in &mut self.devices {
             slot.dirty = true;
         }
+        self.firewall.recheck();
         self.tables_mut().into_iter().for_each(|t| t.mark_stale());
     }
 
@@ -545,6 +565,7 @@ impl<B: KernelBackend> Reconciler<B> {
         for family in Family::ALL {
             self.find_parent(family, &mut report).await;
         }
+        self.firewall.recheck();
         self.pass(&mut report).await;
         debug!(
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
@@ -596,6 +617,9 @@ impl<B: KernelBackend> Reconciler<B> {
             return self.resync().await.unwrap_or_default();
         }
         self.tables_mut().into_iter().for_each(|t| t.retry_due(now));
+        if self.firewall.due(now) {
+            self.firewall.recheck();
+        }
         let mut report = Report::default();
         self.pass(&mut report).await;
         report
@@ -606,12 +630,14 @@ impl<B: KernelBackend> Reconciler<B> {
             .into_iter()
             .filter_map(|t| t.next_retry())
             .chain(self.resync_due)
+            .chain(self.firewall.next_retry())
             .min()
     }
 
     /// Objects whose last operation failed, for GetState and health.
     pub fn failing(&self) -> Vec<ObjectError> {
         let devices = self.devices.iter().filter_map(|d| d.error.clone());
+        let devices = devices.chain(self.firewall.error());
         let mut failing: Vec<ObjectError> = self
             .tables()
             .into_iter()
@@ -693,6 +719,7 @@ impl<B: KernelBackend> Reconciler<B> {
         let fdb = self.fdb.plan_deletes(self.sweep);
         execute(&mut self.backend, &mut self.neighbors, neighbors, report).await;
         execute(&mut self.backend, &mut self.fdb, fdb, report).await;
+        self.reconcile_firewall(report).await;
         if report.taken > taken {
             // Something of which vxmgr knew nothing holds a route's or a
             // nexthop id's place: read the kernel again to see what it is.

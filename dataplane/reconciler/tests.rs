@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+mod firewall;
 mod host;
 
 use super::*;

@@ -2,12 +2,13 @@
 //! grpcurl) can read.
 
 use crate::desired::RouteTarget;
+use crate::kernel::firewall::{TABLE, TABLE_FAMILY};
 use crate::manager::{FamilySnapshot, Manager, RemoteVtep};
 use crate::model::{Family, VtepAddresses};
-use crate::reconciler::ObjectError;
+use crate::reconciler::{FirewallStatus, ObjectError};
 use crate::wire::vxmgr::v1::{
     BatchStatus, ConnectedRoute, DataplaneState, Device, DirectRoute, FamilyState, FdbEntry,
-    KernelError, Neighbor, TunnelRoute, Vtep, WaitingRoute,
+    FirewallRules, IpPool, KernelError, Neighbor, TunnelRoute, Vtep, WaitingRoute,
 };
 
 pub fn dataplane_state(
@@ -29,6 +30,32 @@ pub fn dataplane_state(
                 error: e.error.clone(),
             })
             .collect(),
+        ip_pools: manager
+            .pools()
+            .map(|p| IpPool {
+                id: p.id.clone(),
+                cidr: p.cidr.to_string(),
+                masquerade: p.masquerade,
+            })
+            .collect(),
+        firewall_rules: None,
+    }
+}
+
+/// GetState's view of the firewall rules, from the kernel task.
+pub fn firewall_rules(status: &FirewallStatus) -> FirewallRules {
+    let forward = status.forward.map(|b| {
+        let value = clap::ValueEnum::to_possible_value(&b);
+        value.map(|v| v.get_name().to_string()).unwrap_or_default()
+    });
+    FirewallRules {
+        table: format!("{TABLE_FAMILY} {TABLE}"),
+        programmed: status.programmed,
+        pools: status.pools.clone(),
+        masquerading_pools: status.masquerading.clone(),
+        forward_rules: forward.unwrap_or_else(|| "off".into()),
+        foreign_forward_drops: status.forward_drops.clone(),
+        error: status.error.clone().unwrap_or_default(),
     }
 }
 

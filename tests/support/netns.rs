@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use vxmgr::model::Family;
 use vxmgr::wire::felix::ToDataplane;
@@ -99,4 +100,17 @@ pub fn assert_census(ns: &str, expected: &Census, what: &str) {
         .map(|f| f.ipset_name().to_string())
         .collect();
     assert_eq!(census.ipsets, ours, "{what}: ipsets");
+}
+
+/// Waits until `done` holds, checking every 50 ms, for at most 30 s: for
+/// what the kernel shows after vxmgrd's timers (resyncs) act.
+pub fn wait_until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

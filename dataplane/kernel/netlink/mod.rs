@@ -32,6 +32,7 @@ use futures::StreamExt;
 use futures::stream::FuturesOrdered;
 use netlink_packet_route::RouteNetlinkMessage;
 
+use super::firewall::NftFirewall;
 use super::objects::{KernelOp, KernelState, Link, Notification, Ownership};
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
@@ -58,6 +59,7 @@ pub struct NetlinkBackend {
     batches: Arc<Mutex<BatchSocket>>,
     ipsets: NetlinkSocket<IpsetMessage>,
     ethtool: Ethtool,
+    firewall: NftFirewall,
 }
 
 impl NetlinkBackend {
@@ -72,6 +74,7 @@ impl NetlinkBackend {
                 batches: Arc::new(Mutex::new(BatchSocket::open()?)),
                 ipsets: NetlinkSocket::open_netfilter()?,
                 ethtool: Ethtool::open()?,
+                firewall: NftFirewall::new(),
             })
         };
         opened().map_err(|e| KernelError {
@@ -219,6 +222,12 @@ fn io_error(error: &io::Error) -> KernelError {
 }
 
 impl KernelBackend for NetlinkBackend {
+    type Firewall = NftFirewall;
+
+    fn firewall(&mut self) -> &mut NftFirewall {
+        &mut self.firewall
+    }
+
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
         let devices = self.read_links(&ownership.devices).await?;
         let indexes: Vec<u32> = devices.iter().map(|l| l.index).collect();
