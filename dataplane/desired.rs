@@ -309,6 +309,9 @@ impl Desired for IpPool {
     fn key(&self) -> String {
         self.id.clone()
     }
+    fn describe(&self, _: &DeviceNames) -> String {
+        self.to_string()
+    }
 }
 
 impl fmt::Display for IpPool {
