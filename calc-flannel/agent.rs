@@ -39,6 +39,8 @@ pub struct AgentOptions {
     /// A lease is renewed this long before it expires.
     pub renew_margin: Duration,
     pub iface: IfaceSpec,
+    /// flannel's --ip-masq.
+    pub ip_masq: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,6 +145,7 @@ impl<R: Registry> Agent<R> {
                 hostname,
                 lease,
                 underlay,
+                ip_masq: self.options.ip_masq,
             },
         );
         // Every lease is known before vxmgrd hears of any: its resync
@@ -355,11 +358,10 @@ impl<R: Registry> Agent<R> {
             Backend::HostGw => underlay.mtu,
         };
         let path = &self.options.subnet_file;
-        subnet_env::write(path, &subnet_env::render(config, key, mtu)).map_err(|source| {
-            AgentError::SubnetFile {
-                path: path.clone(),
-                source,
-            }
+        let text = subnet_env::render(config, key, mtu, self.options.ip_masq);
+        subnet_env::write(path, &text).map_err(|source| AgentError::SubnetFile {
+            path: path.clone(),
+            source,
         })?;
         info!(path = %path.display(), "wrote the subnet file");
         Ok(())

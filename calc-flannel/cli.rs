@@ -82,6 +82,10 @@ pub struct Cli {
         value_parser = humantime::parse_duration
     )]
     pub subnet_lease_ttl: Duration,
+    /// Masquerade the pods' traffic to outside the network, as flannel's
+    /// --ip-masq: vxmgrd gets the network as a masquerading IP pool.
+    #[arg(long, env = "CALC_FLANNEL_IP_MASQ")]
+    pub ip_masq: bool,
     /// vxmgrd's unix socket.
     #[arg(
         long,
@@ -108,6 +112,7 @@ const FLANNEL_FLAGS: &[&str] = &[
     "PUBLIC_IP",
     "PUBLIC_IPV6",
     "SUBNET_FILE",
+    "IP_MASQ",
     "SUBNET_LEASE_RENEW_MARGIN",
 ];
 

@@ -83,6 +83,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         subnet_file: cli.subnet_file.clone(),
         lease_ttl: cli.subnet_lease_ttl,
         renew_margin: cli.subnet_lease_renew_margin,
+        ip_masq: cli.ip_masq,
         iface: IfaceSpec {
             ifaces: cli.iface.clone(),
             regexes: cli.iface_regex.clone(),

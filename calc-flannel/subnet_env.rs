@@ -8,9 +8,10 @@ use std::path::Path;
 use crate::network::NetworkConfig;
 use crate::subnet::{SubnetKey, nth_address};
 
-/// The file's text. calc-flannel does no outgoing NAT, so FLANNEL_IPMASQ
-/// is false: the CNI plugin then masquerades itself if asked to.
-pub fn render(config: &NetworkConfig, key: &SubnetKey, mtu: u32) -> String {
+/// The file's text. FLANNEL_IPMASQ says whether vxmgrd masquerades the
+/// pods' traffic (--ip-masq); when it is false, the CNI plugin masquerades
+/// itself if asked to.
+pub fn render(config: &NetworkConfig, key: &SubnetKey, mtu: u32, ip_masq: bool) -> String {
     let mut text = String::new();
     let first = |net: ipnetwork::IpNetwork| format!("{}/{}", nth_address(&net, 1), net.prefix());
     text += &format!(
@@ -25,7 +26,7 @@ pub fn render(config: &NetworkConfig, key: &SubnetKey, mtu: u32) -> String {
             first(ipnetwork::IpNetwork::V6(v6))
         );
     }
-    text += &format!("FLANNEL_MTU={mtu}\nFLANNEL_IPMASQ=false\n");
+    text += &format!("FLANNEL_MTU={mtu}\nFLANNEL_IPMASQ={ip_masq}\n");
     text
 }
 
@@ -59,11 +60,12 @@ mod tests {
         .unwrap();
         let key: SubnetKey = "10.244.58.0-24&fd00:244:0:3::-64".parse().unwrap();
         assert_eq!(
-            render(&config, &key, 1450),
+            render(&config, &key, 1450, false),
             "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.58.1/24\n\
              FLANNEL_IPV6_NETWORK=fd00:244::/48\nFLANNEL_IPV6_SUBNET=fd00:244:0:3::1/64\n\
              FLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
         );
+        assert!(render(&config, &key, 1450, true).ends_with("FLANNEL_IPMASQ=true\n"));
     }
 
     #[test]

@@ -20,8 +20,9 @@ use ipnetwork::IpNetwork;
 use tracing::{info, warn};
 use vxmgr::model::Family;
 use vxmgr::wire::felix::{
-    ConfigUpdate, InSync, IpPoolType, RouteRemove, RouteType, RouteUpdate, ToDataplane,
-    VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate, to_dataplane::Payload,
+    ConfigUpdate, InSync, IpPoolType, IpamPool, IpamPoolUpdate, RouteRemove, RouteType,
+    RouteUpdate, ToDataplane, VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate,
+    to_dataplane::Payload,
 };
 
 use crate::iface::Underlay;
@@ -39,6 +40,9 @@ pub struct Local {
     pub hostname: String,
     pub lease: Lease,
     pub underlay: Underlay,
+    /// flannel's --ip-masq: the pods' traffic to outside the network is
+    /// masqueraded.
+    pub ip_masq: bool,
 }
 
 impl Local {
@@ -126,6 +130,7 @@ impl View {
     /// other lease, InSync.
     pub fn snapshot(&self) -> Vec<ToDataplane> {
         let mut out = vec![self.config_update()];
+        out.extend(self.pools());
         let empty = Programmed::default();
         diff(&self.local.hostname, &empty, &self.local_sent, &mut out);
         for (key, sent) in &self.remotes {
@@ -240,6 +245,29 @@ impl View {
             config,
             ..Default::default()
         }))
+    }
+
+    /// The network of each family as an IP pool, masquerading with
+    /// --ip-masq: vxmgrd masquerades what leaves the network, as flannel
+    /// does. Without it no pool is declared, and vxmgrd adds no rule.
+    fn pools(&self) -> Vec<ToDataplane> {
+        if !self.local.ip_masq {
+            return Vec::new();
+        }
+        let networks = std::iter::once((Family::V4, self.config.v4.network))
+            .chain(self.config.v6.as_ref().map(|r| (Family::V6, r.network)));
+        networks
+            .map(|(family, network)| {
+                message(Payload::IpamPoolUpdate(IpamPoolUpdate {
+                    id: format!("flannel-{}", family.to_string().to_lowercase()),
+                    pool: Some(IpamPool {
+                        cidr: network.to_string(),
+                        masquerade: true,
+                        ..Default::default()
+                    }),
+                }))
+            })
+            .collect()
     }
 
     /// The families a lease is used in: IPv4 always, IPv6 when the network

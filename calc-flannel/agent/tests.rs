@@ -93,6 +93,7 @@ impl Rig {
             lease_ttl: Duration::from_secs(86_400),
             renew_margin: Duration::from_secs(3600),
             iface: IfaceSpec::default(),
+            ip_masq: false,
         };
         let agent = Agent::new(
             self.registry.clone(),

@@ -73,6 +73,7 @@ fn view(config: &str, own: Lease) -> View {
             hostname: "node-1".into(),
             lease: own,
             underlay: underlay(),
+            ip_masq: false,
         },
     )
 }
@@ -233,4 +234,22 @@ fn every_change_means_what_a_new_snapshot_says() {
             "after: {what}"
         );
     });
+}
+
+#[test]
+fn ip_masq_declares_the_networks_as_masquerading_pools() {
+    let own = vxlan_lease(1, true);
+    let plain = view(DUAL_STACK_VXLAN, own.clone()).snapshot();
+    let mut v = view(DUAL_STACK_VXLAN, own);
+    v.local.ip_masq = true;
+    let pools = manager_state(&v.snapshot()).ip_pools;
+    let pools: Vec<(&str, bool)> = pools
+        .iter()
+        .map(|p| (p.cidr.as_str(), p.masquerade))
+        .collect();
+    assert_eq!(pools, [("10.244.0.0/16", true), ("fd00:244::/48", true)]);
+    assert!(
+        manager_state(&plain).ip_pools.is_empty(),
+        "none without --ip-masq"
+    );
 }
