@@ -252,7 +252,7 @@ impl Engine {
         self.message_counts.add(kind, outcome);
     }
 
-    /// Ends the batch window now (stream end, new stream).
+    /// Closes the open batch at once (stream end, new stream).
     fn close_batch_now(&mut self) {
         if let Some((_, deadline)) = &mut self.open {
             *deadline = Instant::now();
