@@ -3,6 +3,8 @@
 //! and interface they already have, so a restart re-uses them instead of
 //! rewriting every route.
 
+use std::net::IpAddr;
+
 use foldhash::{HashMap, HashSet};
 
 use crate::desired::{Desired, Nexthop, NexthopKey};
@@ -18,8 +20,10 @@ pub struct NexthopIds {
     in_use: HashSet<u32>,
     /// Ids of other nexthops in the kernel: never taken.
     foreign: HashSet<u32>,
-    /// Our nexthops in the kernel that no node has claimed yet.
-    unclaimed: HashMap<u32, KernelNexthop>,
+    /// Our nexthops in the kernel that no node has claimed yet, by where
+    /// they lead (gateway and interface): a restart adopts each in one
+    /// lookup.
+    unclaimed: HashMap<(IpAddr, u32), Vec<KernelNexthop>>,
     next: u32,
 }
 
@@ -56,7 +60,10 @@ impl NexthopIds {
                 Some(key) => keyed.push((key.clone(), nh)),
                 None => {
                     self.in_use.insert(nh.id);
-                    self.unclaimed.insert(nh.id, nh);
+                    self.unclaimed
+                        .entry((nh.gateway, nh.ifindex))
+                        .or_default()
+                        .push(nh);
                 }
             }
         }
@@ -76,16 +83,13 @@ impl NexthopIds {
         if let Some(id) = self.by_key.get(&key) {
             return (*id, None);
         }
-        let adopted = self
-            .unclaimed
-            .values()
-            .find(|n| n.gateway == nexthop.gateway && n.ifindex == interface)
-            .copied();
+        let leading_here = (nexthop.gateway, interface);
+        let adopted = self.unclaimed.get_mut(&leading_here).and_then(Vec::pop);
+        if self.unclaimed.get(&leading_here).is_some_and(Vec::is_empty) {
+            self.unclaimed.remove(&leading_here);
+        }
         let id = match adopted {
-            Some(n) => {
-                self.unclaimed.remove(&n.id);
-                n.id
-            }
+            Some(n) => n.id,
             None => self.fresh_id(),
         };
         self.by_key.insert(key, id);
@@ -123,6 +127,6 @@ impl NexthopIds {
     /// Kernel nexthops of ours that nobody claimed: stale, swept after
     /// InSync. Their ids stay ours until they are forgotten.
     pub fn take_unclaimed(&mut self) -> Vec<KernelNexthop> {
-        self.unclaimed.drain().map(|(_, n)| n).collect()
+        self.unclaimed.drain().flat_map(|(_, n)| n).collect()
     }
 }
