@@ -181,12 +181,7 @@ impl<B: KernelBackend> Reconciler<B> {
         report: &mut Report,
     ) -> bool {
         let what = op.to_string();
-        let result = self
-            .backend
-            .apply(std::slice::from_ref(&op))
-            .await
-            .remove(0);
-        report.operations += 1;
+        let result = self.apply_one(&op, report).await;
         let slot = &mut self.devices[family as usize];
         match result {
             Ok(()) => {

@@ -42,12 +42,7 @@ impl<B: KernelBackend> Reconciler<B> {
                 change,
             };
             let what = op.to_string();
-            let result = self
-                .backend
-                .apply(std::slice::from_ref(&op))
-                .await
-                .remove(0);
-            report.operations += 1;
+            let result = self.apply_one(&op, report).await;
             let now = Instant::now();
             match &result {
                 Ok(()) => {

@@ -819,6 +819,15 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 }
 
+impl<B: KernelBackend> Reconciler<B> {
+    /// One kernel operation on its own, counted in the report (a backend
+    /// answers every operation it is given).
+    async fn apply_one(&mut self, op: &KernelOp, report: &mut Report) -> Result<(), KernelError> {
+        report.operations += 1;
+        self.backend.apply(std::slice::from_ref(op)).await.remove(0)
+    }
+}
+
 /// Applies one table's plan in one pipelined call and records the
 /// outcomes. Returns the keys whose objects were removed.
 async fn execute<B: KernelBackend, D: Programmable>(
