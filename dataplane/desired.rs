@@ -6,6 +6,8 @@ use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use arcstr::ArcStr;
+
 use ipnetwork::IpNetwork;
 
 use crate::config::DeviceNames;
@@ -15,7 +17,7 @@ use crate::model::{Family, IpPool, MacAddr};
 /// holding the local VTEP's parent address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParentInterface {
-    pub name: Arc<str>,
+    pub name: ArcStr,
     pub index: u32,
     pub mtu: u32,
 }
@@ -42,9 +44,9 @@ pub struct VxlanDevice {
 pub enum RouteTarget {
     /// `via <remote VTEP tunnel IP> dev <vxlan device> onlink`, through the
     /// node's nexthop when the kernel has nexthop objects.
-    Tunnel { node: Arc<str>, gateway: IpAddr },
+    Tunnel { node: ArcStr, gateway: IpAddr },
     /// `dev <vxlan device> scope link`: a remote node's tunnel address.
-    Connected { node: Arc<str> },
+    Connected { node: ArcStr },
     /// `via <node IP> dev <parent> onlink`: same subnet or no-encap pool.
     Direct {
         gateway: IpAddr,
@@ -79,7 +81,7 @@ pub struct Nexthop {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum NexthopVia {
     /// `via <remote VTEP tunnel IP> dev <vxlan device> onlink`
-    Tunnel { family: Family, node: Arc<str> },
+    Tunnel { family: Family, node: ArcStr },
     /// `via <node IP> dev <parent> onlink`
     Direct { interface: ParentInterface },
 }
@@ -168,7 +170,7 @@ impl Delta {
 /// a direct gateway (one per address, whichever nodes' routes use it).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum NexthopKey {
-    Tunnel(Family, Arc<str>),
+    Tunnel(Family, ArcStr),
     Direct(IpAddr),
 }
 

@@ -12,6 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use arcstr::ArcStr;
 use ipnetwork::IpNetwork;
 use serde_json::Value;
 
@@ -221,7 +222,7 @@ impl Probe {
 
     fn underlay(&self) -> ParentInterface {
         ParentInterface {
-            name: Arc::from("veth0"),
+            name: ArcStr::from("veth0"),
             index: self.index("veth0"),
             mtu: 1500,
         }
@@ -1181,7 +1182,7 @@ fn change<T: vxmgr::desired::Desired>(desired: T) -> Change<T> {
 /// node (node-c) wants, in both families.
 fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
     let mut delta = Delta::default();
-    let node_b: Arc<str> = Arc::from("node-b");
+    let node_b = ArcStr::from("node-b");
     for family in Family::ALL {
         let v4 = family == Family::V4;
         let pick = |a: &str, b: &str| if v4 { a.to_string() } else { b.to_string() };

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use arcstr::ArcStr;
 use foldhash::HashMap;
 use ipnetwork::IpNetwork;
 use tokio::sync::{mpsc, watch};
@@ -109,7 +110,7 @@ impl MemoryBackend {
             let mut k = backend.lock();
             let index = k.add_link(name, mtu);
             k.underlay = Some(ParentInterface {
-                name: Arc::from(name),
+                name: ArcStr::from(name),
                 index,
                 mtu,
             });
@@ -536,7 +537,7 @@ impl KernelBackend for MemoryBackend {
             .find(|l| l.addresses.iter().any(|a| a.ip() == address));
         Ok(match holder {
             Some(l) => Some(ParentInterface {
-                name: Arc::from(l.name.as_str()),
+                name: ArcStr::from(l.name.as_str()),
                 index: l.index,
                 mtu: l.mtu,
             }),

@@ -20,6 +20,7 @@ use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use arcstr::ArcStr;
 use ipnetwork::IpNetwork;
 
 use crate::config::Settings;
@@ -67,7 +68,7 @@ impl FamilySettings {
 /// A route to another node's pods or tunnel address.
 #[derive(Clone, Debug)]
 struct RemoteRoute {
-    node: Arc<str>,
+    node: ArcStr,
     kind: RemoteRouteKind,
     /// The node's own address, when the route may bypass the tunnel.
     direct_via: Option<IpAddr>,
@@ -133,7 +134,7 @@ impl std::fmt::Display for WaitReason {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WaitingRoute {
     pub dst: IpNetwork,
-    pub node: Arc<str>,
+    pub node: ArcStr,
     pub reason: WaitReason,
 }
 
@@ -142,8 +143,8 @@ pub struct WaitingRoute {
 pub struct FamilySnapshot {
     pub device: Option<VxlanDevice>,
     pub parent: Option<ParentInterface>,
-    pub local_vtep: Option<(Arc<str>, VtepAddresses)>,
-    pub remote_vteps: Vec<(Arc<str>, RemoteVtep)>,
+    pub local_vtep: Option<(ArcStr, VtepAddresses)>,
+    pub remote_vteps: Vec<(ArcStr, RemoteVtep)>,
     pub routes: Vec<Route>,
     pub waiting_routes: Vec<WaitingRoute>,
     pub neighbors: Vec<Neighbor>,
@@ -164,7 +165,7 @@ struct Dirty {
 
 pub struct FamilyManager {
     family: Family,
-    hostname: Arc<str>,
+    hostname: ArcStr,
     settings: FamilySettings,
     /// Our own VTEP, as the stream declares it.
     local_vtep: Option<VtepAddresses>,
@@ -172,17 +173,19 @@ pub struct FamilyManager {
     /// removed: the parent interface stays as it is.
     parent_ip: Option<IpAddr>,
     parent: Option<ParentInterface>,
-    remote_vteps: HashMap<Arc<str>, RemoteVtep>,
+    remote_vteps: HashMap<ArcStr, RemoteVtep>,
     /// MACs of complete remote VTEPs.
-    node_by_mac: HashMap<MacAddr, Arc<str>>,
+    node_by_mac: HashMap<MacAddr, ArcStr>,
     /// Tunnel addresses of every remote VTEP.
-    node_by_tunnel_ip: HashMap<IpAddr, Arc<str>>,
+    node_by_tunnel_ip: HashMap<IpAddr, ArcStr>,
     /// How many reasons each ipset member has to be there (external CIDR,
     /// parent address of one or more VTEPs).
     ipset_refs: HashMap<IpNetwork, u32>,
     remote_routes: HashMap<IpNetwork, RemoteRoute>,
     local_blocks: HashSet<IpNetwork>,
-    routes_by_node: HashMap<Arc<str>, HashSet<IpNetwork>>,
+    /// Each remote node's routes, in no order: a node has a handful of
+    /// blocks, and a list holds them in a fraction of a set's memory.
+    routes_by_node: HashMap<ArcStr, Vec<IpNetwork>>,
     /// Remote routes that go direct when the parent interface is known.
     direct_routes: HashSet<IpNetwork>,
     /// How many remote routes go direct via each node address: one
@@ -195,7 +198,7 @@ pub struct FamilyManager {
 }
 
 impl FamilyManager {
-    pub fn new(family: Family, hostname: Arc<str>, settings: FamilySettings) -> FamilyManager {
+    pub fn new(family: Family, hostname: ArcStr, settings: FamilySettings) -> FamilyManager {
         let mut m = FamilyManager {
             family,
             hostname,
@@ -309,10 +312,12 @@ impl FamilyManager {
         let forgot = self.forget_route(route.dst);
         if let Some(kind) = route.remote_kind() {
             let node = self.intern_node(&route.node);
-            self.routes_by_node
-                .entry(node.clone())
-                .or_default()
-                .insert(route.dst);
+            let routes = self.routes_by_node.entry(node.clone()).or_default();
+            // Grown by a quarter, not doubled: most lists stay exactly full.
+            if routes.len() == routes.capacity() {
+                routes.reserve_exact(routes.len() / 4 + 1);
+            }
+            routes.push(route.dst);
             let direct_via = route.direct_via();
             if let Some(gateway) = direct_via {
                 self.direct_routes.insert(route.dst);
@@ -355,9 +360,11 @@ impl FamilyManager {
     fn forget_route(&mut self, dst: IpNetwork) -> bool {
         let remote = self.remote_routes.remove(&dst);
         if let Some(r) = &remote {
-            if let Some(set) = self.routes_by_node.get_mut(&r.node) {
-                set.remove(&dst);
-                if set.is_empty() {
+            if let Some(routes) = self.routes_by_node.get_mut(&r.node) {
+                if let Some(at) = routes.iter().position(|d| *d == dst) {
+                    routes.swap_remove(at);
+                }
+                if routes.is_empty() {
                     self.routes_by_node.remove(&r.node);
                 }
             }
@@ -381,7 +388,7 @@ impl FamilyManager {
     }
 
     /// Reuses the node name already held, so each node's name is stored once.
-    fn intern_node(&self, node: &str) -> Arc<str> {
+    fn intern_node(&self, node: &str) -> ArcStr {
         self.routes_by_node
             .get_key_value(node)
             .map(|(k, _)| k.clone())
@@ -390,7 +397,7 @@ impl FamilyManager {
                     .get_key_value(node)
                     .map(|(k, _)| k.clone())
             })
-            .unwrap_or_else(|| Arc::from(node))
+            .unwrap_or_else(|| ArcStr::from(node))
     }
 
     /// Two nodes may not claim the same MAC or tunnel address, the local
@@ -404,7 +411,7 @@ impl FamilyManager {
         &self,
         node: &str,
         local: bool,
-        remote: Option<&Arc<str>>,
+        remote: Option<&ArcStr>,
         what: impl FnOnce() -> String,
     ) -> Result<(), Rejection> {
         let holder = if local { Some(&self.hostname) } else { remote };
@@ -500,7 +507,7 @@ impl FamilyManager {
         self.remove_remote_vtep(node)
     }
 
-    fn set_remote_vtep(&mut self, node: Arc<str>, vtep: Option<RemoteVtep>) {
+    fn set_remote_vtep(&mut self, node: ArcStr, vtep: Option<RemoteVtep>) {
         if self.remote_vteps.get(&node) == vtep.as_ref() {
             return;
         }
@@ -532,7 +539,7 @@ impl FamilyManager {
     }
 
     /// Everything derived from one remote VTEP.
-    fn mark_vtep_dirty(&mut self, node: &Arc<str>, vtep: &RemoteVtep) {
+    fn mark_vtep_dirty(&mut self, node: &ArcStr, vtep: &RemoteVtep) {
         self.dirty.neighbors.insert(vtep.tunnel_ip());
         if let Some(addrs) = vtep.complete() {
             self.dirty.fdb.insert(addrs.mac);
@@ -656,7 +663,7 @@ impl FamilyManager {
         })
     }
 
-    fn complete_vtep(&self, node: &Arc<str>) -> Option<&VtepAddresses> {
+    fn complete_vtep(&self, node: &ArcStr) -> Option<&VtepAddresses> {
         self.remote_vteps[node].complete()
     }
 

@@ -6,7 +6,7 @@ mod pools;
 #[cfg(test)]
 mod tests;
 
-use std::sync::Arc;
+use arcstr::ArcStr;
 
 pub use family::{
     FamilyManager, FamilySettings, FamilySnapshot, RemoteVtep, WaitReason, WaitingRoute,
@@ -31,7 +31,7 @@ pub enum Outcome {
 /// InSync state.
 pub struct Manager {
     config: Config,
-    hostname: Arc<str>,
+    hostname: ArcStr,
     v4: FamilyManager,
     v6: FamilyManager,
     pools: Pools,
@@ -40,7 +40,7 @@ pub struct Manager {
 
 impl Manager {
     pub fn new(hostname: &str, config: Config) -> Manager {
-        let hostname: Arc<str> = Arc::from(hostname);
+        let hostname = ArcStr::from(hostname);
         let settings = config.settings();
         let family = |f| {
             FamilyManager::new(

@@ -1,7 +1,7 @@
 //! Every rule of DESIGN.md §4, at the manager level.
 
+use arcstr::ArcStr;
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use super::*;
 use crate::config::{DeviceNames, SettingsLayer};
@@ -61,7 +61,7 @@ fn same_subnet_block() -> Payload {
 
 fn eth0() -> Option<ParentInterface> {
     Some(ParentInterface {
-        name: Arc::from("eth0"),
+        name: ArcStr::from("eth0"),
         index: 2,
         mtu: 1500,
     })
@@ -100,7 +100,7 @@ fn desired_target(delta: &Delta, dst: &str) -> Option<RouteTarget> {
 
 fn tunnel_via(node: &str, gw: &str) -> Option<RouteTarget> {
     Some(RouteTarget::Tunnel {
-        node: Arc::from(node),
+        node: ArcStr::from(node),
         gateway: gw.parse().unwrap(),
     })
 }
@@ -158,7 +158,7 @@ fn design_example_two_nodes() {
     assert_eq!(
         desired_target(&delta, "10.244.1.0/32"),
         Some(RouteTarget::Connected {
-            node: Arc::from("node-b")
+            node: ArcStr::from("node-b")
         })
     );
     let snap = m.family(Family::V4).snapshot();
@@ -307,7 +307,7 @@ fn same_subnet_routes_fall_back_to_the_tunnel_until_the_parent_is_known_and_foll
         Some(RouteTarget::Direct {
             gateway: "192.168.10.2".parse().unwrap(),
             interface: ParentInterface {
-                name: Arc::from(name),
+                name: ArcStr::from(name),
                 index,
                 mtu: 1500,
             },
@@ -319,7 +319,7 @@ fn same_subnet_routes_fall_back_to_the_tunnel_until_the_parent_is_known_and_foll
     m.set_parent(
         Family::V4,
         Some(ParentInterface {
-            name: Arc::from("eth1"),
+            name: ArcStr::from("eth1"),
             index: 3,
             mtu: 1500,
         }),
@@ -578,7 +578,7 @@ fn remote_tunnel_addresses_are_connected_even_before_the_vtep() {
     let delta = m.complete_deferred_work();
     for dst in ["10.244.1.1/32", "10.244.1.0/32"] {
         let r = route_change(&delta, dst).desired.clone().unwrap();
-        let node = Arc::from("node-b");
+        let node = ArcStr::from("node-b");
         assert_eq!(
             (r.target, r.mtu),
             (RouteTarget::Connected { node }, Some(1450))
@@ -1122,7 +1122,7 @@ fn a_bad_parent_address_is_a_bad_mac_and_a_bad_tunnel_address_makes_routes_wait(
         waiting,
         [WaitingRoute {
             dst: "10.244.1.0/26".parse().unwrap(),
-            node: Arc::from("node-b"),
+            node: ArcStr::from("node-b"),
             reason: WaitReason::NoVtep,
         }]
     );

@@ -35,29 +35,23 @@ impl<B: KernelBackend> Reconciler<B> {
             ),
             (
                 "route",
-                by_family(self.routes.actual.values(), |r| Family::of_net(&r.dst)),
+                by_family(self.routes.all_actual(), |r| Family::of_net(&r.dst)),
             ),
             (
                 "nexthop",
-                by_family(self.nexthops.actual.values(), |n| {
-                    Family::of_addr(&n.gateway)
-                }),
+                by_family(self.nexthops.all_actual(), |n| Family::of_addr(&n.gateway)),
             ),
             (
                 "neighbor",
-                by_family(self.neighbors.actual.values(), |n| {
-                    Family::of_addr(&n.address)
-                }),
+                by_family(self.neighbors.all_actual(), |n| Family::of_addr(&n.address)),
             ),
             (
                 "fdb",
-                by_family(self.fdb.actual.values(), |f| {
-                    Family::of_addr(&f.destination)
-                }),
+                by_family(self.fdb.all_actual(), |f| Family::of_addr(&f.destination)),
             ),
             (
                 "ipset_member",
-                by_family(self.ipset.actual.values(), Family::of_net),
+                by_family(self.ipset.all_actual(), Family::of_net),
             ),
         ];
         kinds

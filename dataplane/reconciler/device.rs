@@ -209,16 +209,14 @@ impl<B: KernelBackend> Reconciler<B> {
     pub(super) async fn delete_device_dependents(&mut self, index: u32) {
         let nexthops: Vec<KernelNexthop> = self
             .nexthops
-            .actual
-            .values()
+            .all_actual()
             .filter(|n| n.ifindex == index)
             .copied()
             .collect();
         let ids: HashSet<u32> = nexthops.iter().map(|n| n.id).collect();
         let routes: Vec<KernelOp> = self
             .routes
-            .actual
-            .values()
+            .all_actual()
             .filter(|r| {
                 r.ifindex() == Some(index)
                     || matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id))
@@ -247,7 +245,7 @@ mod tests {
             vni: 4096,
             port: 4789,
             parent: ParentInterface {
-                name: Arc::from("eth0"),
+                name: arcstr::ArcStr::from("eth0"),
                 index: 2,
                 mtu: 1500,
             },

@@ -28,8 +28,8 @@ impl<B: KernelBackend> Reconciler<B> {
             } else {
                 let mut members: Vec<_> = self
                     .ipset
-                    .desired
-                    .keys()
+                    .all_desired()
+                    .map(|(key, _)| key)
                     .filter(|m| Family::of_net(m) == family)
                     .copied()
                     .collect();

@@ -92,8 +92,7 @@ impl<B: KernelBackend> Reconciler<B> {
     pub(super) fn forget_link_down(&mut self, index: u32) {
         let gone: HashSet<u32> = self
             .nexthops
-            .actual
-            .values()
+            .all_actual()
             .filter(|n| n.ifindex == index)
             .map(|n| n.id)
             .collect();

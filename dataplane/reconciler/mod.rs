@@ -15,7 +15,7 @@ mod table;
 #[cfg(test)]
 pub(crate) mod tests;
 
-use foldhash::{HashMap, HashSet, HashSetExt};
+use foldhash::{HashSet, HashSetExt};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
@@ -193,7 +193,7 @@ struct Context<'a> {
     parents_down: [Option<u32>; 2],
     ids: &'a NexthopIds,
     /// Nexthops in the kernel; not needed to render nexthops themselves.
-    programmed: Option<&'a HashMap<NexthopKey, KernelNexthop>>,
+    programmed: Option<&'a Table<Nexthop>>,
     use_nexthops: bool,
 }
 
@@ -201,7 +201,7 @@ impl<'a> Context<'a> {
     fn new(
         devices: &[DeviceSlot; 2],
         ids: &'a NexthopIds,
-        programmed: Option<&'a HashMap<NexthopKey, KernelNexthop>>,
+        programmed: Option<&'a Table<Nexthop>>,
         use_nexthops: bool,
     ) -> Context<'a> {
         Context {
@@ -237,7 +237,7 @@ impl RenderContext for Context<'_> {
     }
 
     fn programmed_nexthop(&self, key: &NexthopKey) -> Option<u32> {
-        self.programmed?.get(key).map(|n| n.id)
+        self.programmed?.actual(key).map(|n| n.id)
     }
 
     fn use_nexthops(&self) -> bool {
@@ -531,15 +531,14 @@ impl<B: KernelBackend> Reconciler<B> {
         let ids = &self.nexthop_ids;
         self.unassigned.extend(
             self.nexthops
-                .desired
-                .keys()
-                .filter(|k| ids.get(k).is_none())
-                .cloned(),
+                .all_desired()
+                .filter(|(k, _)| ids.get(k).is_none())
+                .map(|(k, _)| k.clone()),
         );
         let ctx = Context::new(
             &self.devices,
             &self.nexthop_ids,
-            Some(&self.nexthops.actual),
+            Some(&self.nexthops),
             self.use_nexthops,
         );
         let routes = state.routes.len();
@@ -691,7 +690,7 @@ impl<B: KernelBackend> Reconciler<B> {
         let ctx = Context::new(
             &self.devices,
             &self.nexthop_ids,
-            Some(&self.nexthops.actual),
+            Some(&self.nexthops),
             self.use_nexthops,
         );
         let routes = self.routes.plan_upserts(&ctx);
@@ -743,7 +742,7 @@ impl<B: KernelBackend> Reconciler<B> {
         let nexthops = &mut self.nexthops;
         let ids = &mut self.nexthop_ids;
         self.unassigned.retain(|key| {
-            let Some(nexthop) = nexthops.desired.get(key) else {
+            let Some(nexthop) = nexthops.desired(key) else {
                 return false;
             };
             if ids.get(key).is_some() {
@@ -759,7 +758,7 @@ impl<B: KernelBackend> Reconciler<B> {
                 return true;
             };
             if let (_, Some(adopted)) = ids.assign(nexthop, index) {
-                nexthops.actual.insert(key.clone(), adopted);
+                nexthops.set_actual(key.clone(), Some(adopted));
             }
             false
         });
@@ -772,13 +771,12 @@ impl<B: KernelBackend> Reconciler<B> {
     fn retire_if_moved(&mut self, key: &NexthopKey, wanted: &Nexthop) {
         let moved = self
             .nexthops
-            .actual
-            .get(key)
+            .actual(key)
             .is_some_and(|programmed| programmed.gateway != wanted.gateway);
         if !self.use_nexthops || !moved {
             return;
         }
-        if let Some(old) = self.nexthops.actual.remove(key) {
+        if let Some(old) = self.nexthops.set_actual(key.clone(), None) {
             self.retired_nexthops.push(old);
         }
         self.nexthop_ids.retire(key);

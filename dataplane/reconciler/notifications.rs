@@ -22,7 +22,7 @@ impl<B: KernelBackend> Reconciler<B> {
             Notification::RouteGone(TableRoute::Shaped(route)) if self.owns_route(&route) => {
                 // Only the route we know going counts, not another one for the
                 // same destination.
-                self.routes.actual.get(&route.dst) == Some(&route)
+                self.routes.actual(&route.dst) == Some(&route)
                     && self.routes.observe(route.dst, None, now)
             }
             Notification::Route(route) => self.host_route_appeared(foreign(route), now),
@@ -33,8 +33,7 @@ impl<B: KernelBackend> Reconciler<B> {
             }
             Notification::NeighborGone { ifindex, address } => {
                 self.neighbors
-                    .actual
-                    .get(&address)
+                    .actual(&address)
                     .is_some_and(|n| n.ifindex == ifindex)
                     && self.neighbors.observe(address, None, now)
             }
@@ -96,8 +95,7 @@ impl<B: KernelBackend> Reconciler<B> {
     /// A route that is not ours appeared. If it took the place of one of
     /// ours, ours is gone: vxmgr does not put it back over the other.
     pub(super) fn host_route_appeared(&mut self, route: ForeignRoute, now: Instant) -> bool {
-        let displaced =
-            route.takes_the_place_of_ours() && self.routes.actual.contains_key(&route.dst);
+        let displaced = route.takes_the_place_of_ours() && self.routes.actual(&route.dst).is_some();
         if displaced {
             warn!(route = %route, "a route that is not vxmgr's took the place of one of vxmgr's");
         }
@@ -110,7 +108,7 @@ impl<B: KernelBackend> Reconciler<B> {
     pub(super) fn host_route_gone(&mut self, route: ForeignRoute) -> bool {
         self.host.route_gone(&route);
         self.routes.recheck(&route.dst);
-        self.routes.desired.contains_key(&route.dst)
+        self.routes.desired(&route.dst).is_some()
     }
 
     /// Repairs what notifications reported: a pass, after re-reading the

@@ -157,9 +157,24 @@ pub struct Contested {
     pub until: Instant,
 }
 
+/// What vxmgr wants of one object and what the kernel holds of it, in one
+/// entry: a key is stored once for both. Never both `None`.
+struct Slot<D: Programmable> {
+    desired: Option<D>,
+    actual: Option<D::Kernel>,
+}
+
+impl<D: Programmable> Default for Slot<D> {
+    fn default() -> Self {
+        Slot {
+            desired: None,
+            actual: None,
+        }
+    }
+}
+
 pub struct Table<D: Programmable> {
-    pub desired: HashMap<D::Key, D>,
-    pub actual: HashMap<D::Key, D::Kernel>,
+    slots: HashMap<D::Key, Slot<D>>,
     /// Keys that may need an add or a change.
     pending: HashSet<D::Key>,
     /// Keys nothing wants that may still be in the kernel.
@@ -180,8 +195,7 @@ impl<D: Programmable> Table<D> {
     /// for a time in proportion to the window.
     pub fn new(contest_window: Duration) -> Self {
         Table {
-            desired: HashMap::default(),
-            actual: HashMap::default(),
+            slots: HashMap::default(),
             pending: HashSet::default(),
             stale: HashSet::default(),
             failed: HashMap::default(),
@@ -192,15 +206,56 @@ impl<D: Programmable> Table<D> {
         }
     }
 
+    /// What vxmgr wants for `key`.
+    pub fn desired(&self, key: &D::Key) -> Option<&D> {
+        self.slots.get(key)?.desired.as_ref()
+    }
+
+    /// What the kernel holds for `key`, as far as vxmgr knows.
+    pub fn actual(&self, key: &D::Key) -> Option<&D::Kernel> {
+        self.slots.get(key)?.actual.as_ref()
+    }
+
+    /// Every wanted object.
+    pub fn all_desired(&self) -> impl Iterator<Item = (&D::Key, &D)> {
+        (self.slots.iter()).filter_map(|(key, slot)| Some((key, slot.desired.as_ref()?)))
+    }
+
+    /// Every object of ours the kernel holds.
+    pub fn all_actual(&self) -> impl Iterator<Item = &D::Kernel> {
+        self.slots.values().filter_map(|slot| slot.actual.as_ref())
+    }
+
+    /// Records what the kernel holds for `key` (`None`: nothing) and
+    /// returns what it held before.
+    pub fn set_actual(&mut self, key: D::Key, kernel: Option<D::Kernel>) -> Option<D::Kernel> {
+        match kernel {
+            Some(kernel) => self.slots.entry(key).or_default().actual.replace(kernel),
+            None => {
+                let slot = self.slots.get_mut(&key)?;
+                let old = slot.actual.take();
+                if slot.desired.is_none() {
+                    self.slots.remove(&key);
+                }
+                old
+            }
+        }
+    }
+
     pub fn set_desired(&mut self, change: Change<D>) {
         match change.desired {
             Some(d) => {
-                self.desired.insert(change.key.clone(), d);
+                self.slots.entry(change.key.clone()).or_default().desired = Some(d);
                 self.stale.remove(&change.key);
                 self.pending.insert(change.key);
             }
             None => {
-                self.desired.remove(&change.key);
+                if let Some(slot) = self.slots.get_mut(&change.key) {
+                    slot.desired = None;
+                    if slot.actual.is_none() {
+                        self.slots.remove(&change.key);
+                    }
+                }
                 self.pending.remove(&change.key);
                 self.waiting.remove(&change.key);
                 self.stale.insert(change.key);
@@ -210,7 +265,10 @@ impl<D: Programmable> Table<D> {
 
     /// A new stream declares everything again.
     pub fn clear_desired(&mut self) {
-        self.desired.clear();
+        self.slots.retain(|_, slot| {
+            slot.desired = None;
+            slot.actual.is_some()
+        });
         self.failed.clear();
         self.waiting.clear();
         self.pending.clear();
@@ -226,12 +284,20 @@ impl<D: Programmable> Table<D> {
         actual: impl IntoIterator<Item = (D::Key, D::Kernel)>,
         ctx: &dyn RenderContext,
     ) {
-        self.actual.clear();
-        self.actual.extend(actual);
-        for (key, desired) in &self.desired {
+        self.slots.retain(|_, slot| {
+            slot.actual = None;
+            slot.desired.is_some()
+        });
+        for (key, kernel) in actual {
+            self.slots.entry(key).or_default().actual = Some(kernel);
+        }
+        for (key, slot) in &self.slots {
+            let Some(desired) = &slot.desired else {
+                continue;
+            };
             let right = desired
                 .render(ctx)
-                .is_some_and(|kernel| self.actual.get(key) == Some(&kernel));
+                .is_some_and(|kernel| slot.actual.as_ref() == Some(&kernel));
             if !right {
                 self.pending.insert(key.clone());
             }
@@ -241,26 +307,22 @@ impl<D: Programmable> Table<D> {
 
     /// Marks for deletion everything in the kernel that nothing wants.
     pub fn mark_stale(&mut self) {
-        let desired = &self.desired;
-        self.stale.extend(
-            self.actual
-                .keys()
-                .filter(|k| !desired.contains_key(k))
-                .cloned(),
-        );
+        let unwanted = self.slots.iter().filter(|(_, slot)| slot.desired.is_none());
+        self.stale.extend(unwanted.map(|(key, _)| key.clone()));
     }
 
     /// Marks every wanted object for a re-check (its device came back).
     pub fn mark_all_pending(&mut self) {
-        self.pending.extend(self.desired.keys().cloned());
+        let wanted = self.slots.iter().filter(|(_, slot)| slot.desired.is_some());
+        self.pending.extend(wanted.map(|(key, _)| key.clone()));
     }
 
     /// The kernel removed these objects by itself (their device or nexthop went).
     pub fn forget_actual(&mut self, gone: impl Fn(&D::Kernel) -> bool) {
         let keys: Vec<D::Key> = self
-            .actual
+            .slots
             .iter()
-            .filter(|(_, k)| gone(k))
+            .filter(|(_, slot)| slot.actual.as_ref().is_some_and(&gone))
             .map(|(key, _)| key.clone())
             .collect();
         for key in keys {
@@ -271,15 +333,15 @@ impl<D: Programmable> Table<D> {
     /// [`Table::forget_actual`] among `keys` only.
     pub fn forget_actual_among(&mut self, keys: &[D::Key], gone: impl Fn(&D::Kernel) -> bool) {
         for key in keys {
-            if self.actual.get(key).is_some_and(&gone) {
+            if self.actual(key).is_some_and(&gone) {
                 self.forget_one(key.clone());
             }
         }
     }
 
     fn forget_one(&mut self, key: D::Key) {
-        self.actual.remove(&key);
-        if self.desired.contains_key(&key) {
+        self.set_actual(key.clone(), None);
+        if self.desired(&key).is_some() {
             self.pending.insert(key);
         }
     }
@@ -289,14 +351,11 @@ impl<D: Programmable> Table<D> {
     /// the object is then repaired (or, unwanted, deleted after InSync),
     /// unless it is contested and vxmgr is backing off.
     pub fn observe(&mut self, key: D::Key, kernel: Option<D::Kernel>, now: Instant) -> bool {
-        if self.actual.get(&key) == kernel.as_ref() {
+        if self.actual(&key) == kernel.as_ref() {
             return false;
         }
-        match kernel {
-            Some(k) => self.actual.insert(key.clone(), k),
-            None => self.actual.remove(&key),
-        };
-        if !self.desired.contains_key(&key) {
+        self.set_actual(key.clone(), kernel);
+        if self.desired(&key).is_none() {
             self.stale.insert(key);
         } else if self.may_repair(&key, now) {
             self.pending.insert(key);
@@ -365,7 +424,7 @@ impl<D: Programmable> Table<D> {
     }
 
     fn describe_key(&self, key: &D::Key) -> String {
-        match self.desired.get(key) {
+        match self.desired(key) {
             Some(d) => d.describe(&self.devices),
             None => D::describe_key(key, &self.devices),
         }
@@ -384,8 +443,9 @@ impl<D: Programmable> Table<D> {
             .contests
             .iter_mut()
             .filter_map(|(key, c)| c.until.take_if(|until| *until <= now).map(|_| key));
+        let slots = &self.slots;
         for key in failed.chain(backed_off) {
-            if self.desired.contains_key(key) {
+            if slots.get(key).is_some_and(|slot| slot.desired.is_some()) {
                 self.pending.insert(key.clone());
             } else {
                 self.stale.insert(key.clone());
@@ -402,7 +462,7 @@ impl<D: Programmable> Table<D> {
 
     /// `key` is to be made right again now (what stood in its way is gone).
     pub fn recheck(&mut self, key: &D::Key) {
-        if self.desired.contains_key(key) {
+        if self.desired(key).is_some() {
             self.pending.insert(key.clone());
         }
     }
@@ -418,7 +478,7 @@ impl<D: Programmable> Table<D> {
 
     /// Whether `key` has nothing desired and nothing in the kernel.
     pub fn is_gone(&self, key: &D::Key) -> bool {
-        !self.desired.contains_key(key) && !self.actual.contains_key(key)
+        !self.slots.contains_key(key)
     }
 
     /// Adds and changes for pending keys. Keys that cannot be rendered yet
@@ -427,14 +487,17 @@ impl<D: Programmable> Table<D> {
         let mut plan = Plan::default();
         let mut waiting = Vec::new();
         for key in std::mem::take(&mut self.pending) {
-            let Some(desired) = self.desired.get(&key) else {
+            let Some(slot) = self.slots.get(&key) else {
+                continue;
+            };
+            let Some(desired) = &slot.desired else {
                 continue;
             };
             let Some(kernel) = desired.render(ctx) else {
                 waiting.push(key);
                 continue;
             };
-            let effect = match self.actual.get(&key) {
+            let effect = match &slot.actual {
                 Some(a) if *a == kernel => {
                     self.settled(&key);
                     continue;
@@ -459,8 +522,11 @@ impl<D: Programmable> Table<D> {
     pub fn plan_deletes(&mut self, sweep: bool) -> Plan<D> {
         let mut plan = Plan::default();
         for key in std::mem::take(&mut self.stale) {
-            match self.actual.get(&key) {
-                Some(kernel) if sweep && !self.desired.contains_key(&key) => plan.push(Planned {
+            match self.slots.get(&key) {
+                Some(Slot {
+                    desired: None,
+                    actual: Some(kernel),
+                }) if sweep => plan.push(Planned {
                     kernel: kernel.clone(),
                     key,
                     effect: Effect::Removed,
@@ -482,7 +548,7 @@ impl<D: Programmable> Table<D> {
 
     /// "adding route 10.0.1.0/26 via ...", for errors and logs.
     pub fn describe(&self, planned: &Planned<D>) -> String {
-        match (planned.effect, self.desired.get(&planned.key)) {
+        match (planned.effect, self.desired(&planned.key)) {
             (Effect::Added, Some(d)) => format!("adding {}", d.describe(&self.devices)),
             (Effect::Changed, Some(d)) => format!("replacing {}", d.describe(&self.devices)),
             _ => format!("deleting {}", D::describe_key(&planned.key, &self.devices)),
@@ -494,10 +560,8 @@ impl<D: Programmable> Table<D> {
         match result {
             Ok(()) => {
                 self.settled(&planned.key);
-                match planned.effect {
-                    Effect::Removed => self.actual.remove(&planned.key),
-                    _ => self.actual.insert(planned.key, planned.kernel),
-                };
+                let after = (planned.effect != Effect::Removed).then_some(planned.kernel);
+                self.set_actual(planned.key, after);
             }
             Err(error) if error.is_missing_device() && planned.after().is_some() => {
                 let what = self.describe(&planned);

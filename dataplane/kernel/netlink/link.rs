@@ -2,8 +2,8 @@
 //! up, and the interface holding a parent address.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::sync::Arc;
 
+use arcstr::ArcStr;
 use ipnetwork::IpNetwork;
 use netlink_packet_route::AddressFamily;
 use netlink_packet_route::RouteNetlinkMessage;
@@ -178,7 +178,7 @@ impl NetlinkBackend {
             .read_link(LinkUnspec::new_with_index(index).build())
             .await?;
         Ok(link.map(|link| ParentInterface {
-            name: Arc::from(link.name),
+            name: ArcStr::from(link.name),
             index: link.index,
             mtu: link.mtu,
         }))
