@@ -50,7 +50,7 @@ pub enum RouteTarget {
     /// `via <node IP> dev <parent> onlink`: same subnet or no-encap pool.
     Direct {
         gateway: IpAddr,
-        interface: ParentInterface,
+        interface: Arc<ParentInterface>,
     },
     /// `blackhole`: a block of this node's.
     Blackhole,
@@ -83,7 +83,7 @@ pub enum NexthopVia {
     /// `via <remote VTEP tunnel IP> dev <vxlan device> onlink`
     Tunnel { family: Family, node: ArcStr },
     /// `via <node IP> dev <parent> onlink`
-    Direct { interface: ParentInterface },
+    Direct { interface: Arc<ParentInterface> },
 }
 
 /// Permanent ARP/NDP entry on the VXLAN device: remote tunnel IP → VTEP MAC.

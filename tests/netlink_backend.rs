@@ -1212,7 +1212,7 @@ fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
             delta.nexthops.push(change(Nexthop {
                 gateway: direct_gateway,
                 via: NexthopVia::Direct {
-                    interface: underlay.clone(),
+                    interface: Arc::new(underlay.clone()),
                 },
                 protocol: PROTOCOL,
             }));
@@ -1244,7 +1244,7 @@ fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
                     pick("10.244.2.0/26", "fd10:244:2::/122"),
                     RouteTarget::Direct {
                         gateway: direct_gateway,
-                        interface: underlay.clone(),
+                        interface: Arc::new(underlay.clone()),
                     },
                     None,
                 ),

@@ -113,7 +113,7 @@ pub async fn run<B: KernelBackend>(
                     let started = Instant::now();
                     let in_sync = request.in_sync;
                     let report = reconciler.apply(*request).await;
-                    let operations = report.operations;
+                    releaser.count(report.operations);
                     let event = KernelEvent::Applied {
                         batch,
                         in_sync,
@@ -124,8 +124,6 @@ pub async fn run<B: KernelBackend>(
                     if events.send(event).await.is_err() {
                         return;
                     }
-                    // After the status is out: the client does not wait for it.
-                    releaser.count(operations, commands.is_empty());
                 }
             },
             Some(reply) = census.recv() => {

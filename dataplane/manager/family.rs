@@ -172,7 +172,8 @@ pub struct FamilyManager {
     /// The latest local VTEP's parent address, kept when that VTEP is
     /// removed: the parent interface stays as it is.
     parent_ip: Option<IpAddr>,
-    parent: Option<ParentInterface>,
+    /// Shared by every direct route and nexthop through it.
+    parent: Option<Arc<ParentInterface>>,
     remote_vteps: HashMap<ArcStr, RemoteVtep>,
     /// MACs of complete remote VTEPs.
     node_by_mac: HashMap<MacAddr, ArcStr>,
@@ -230,7 +231,7 @@ impl FamilyManager {
     }
 
     pub fn parent(&self) -> Option<&ParentInterface> {
-        self.parent.as_ref()
+        self.parent.as_deref()
     }
 
     /// The underlay address the local VTEP sends from, or without a local
@@ -247,7 +248,7 @@ impl FamilyManager {
     /// direct routes do not flap through the tunnel on a reconnect.
     pub(super) fn inherit_underlay(&mut self, previous: &FamilyManager) {
         self.parent_ip = previous.parent_ip;
-        self.set_parent(previous.parent.clone());
+        self.set_parent(previous.parent.as_deref().cloned());
     }
 
     pub fn set_settings(&mut self, settings: FamilySettings) {
@@ -281,11 +282,11 @@ impl FamilyManager {
     /// The interface holding the local VTEP's parent address, as the kernel
     /// reports it (`None`: not found).
     pub fn set_parent(&mut self, parent: Option<ParentInterface>) {
-        if self.parent == parent {
+        if self.parent.as_deref() == parent.as_ref() {
             return;
         }
         let old_mtu = self.tunnel_mtu();
-        self.parent = parent;
+        self.parent = parent.map(Arc::new);
         self.dirty.device = true;
         if self.tunnel_mtu() != old_mtu {
             self.mark_all_routes_dirty();
@@ -581,7 +582,7 @@ impl FamilyManager {
 
     pub fn desired_device(&self) -> Option<VxlanDevice> {
         let local = self.local_vtep.as_ref()?;
-        let parent = self.parent.clone()?;
+        let parent = ParentInterface::clone(self.parent.as_ref()?);
         Some(VxlanDevice {
             name: self.settings.device_name.clone(),
             family: self.family,
@@ -793,7 +794,7 @@ impl FamilyManager {
         ipset.sort_by_key(|m| m.0);
         FamilySnapshot {
             device: self.desired_device(),
-            parent: self.parent.clone(),
+            parent: self.parent.as_deref().cloned(),
             local_vtep: self.local_vtep.clone().map(|v| (self.hostname.clone(), v)),
             remote_vteps,
             routes,

@@ -1,7 +1,9 @@
 //! Every rule of DESIGN.md §4, at the manager level.
 
-use arcstr::ArcStr;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arcstr::ArcStr;
 
 use super::*;
 use crate::config::{DeviceNames, SettingsLayer};
@@ -306,11 +308,11 @@ fn same_subnet_routes_fall_back_to_the_tunnel_until_the_parent_is_known_and_foll
     let direct = |name: &str, index| {
         Some(RouteTarget::Direct {
             gateway: "192.168.10.2".parse().unwrap(),
-            interface: ParentInterface {
+            interface: Arc::new(ParentInterface {
                 name: ArcStr::from(name),
                 index,
                 mtu: 1500,
-            },
+            }),
         })
     };
     assert_eq!(desired_target(&delta, "10.244.1.0/26"), direct("eth0", 2));
