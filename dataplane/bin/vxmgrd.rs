@@ -213,6 +213,7 @@ fn start(cli: Cli) -> anyhow::Result<()> {
         CalcSource::FelixPipes => Some(FelixPipes::take()?),
         CalcSource::Socket => None,
     };
+    daemon::use_one_arena();
     tokio::runtime::Runtime::new()
         .context("starting the runtime")?
         .block_on(run(cli, felix))
