@@ -4,6 +4,7 @@
 use std::fmt;
 use std::hash::Hash;
 use std::net::IpAddr;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use arcstr::ArcStr;
@@ -63,7 +64,7 @@ pub struct Route {
     pub target: RouteTarget,
     pub protocol: u8,
     /// Path MTU of tunnelled routes: the device's MTU.
-    pub mtu: Option<u32>,
+    pub mtu: Option<NonZeroU32>,
 }
 
 /// The gateway shared by the routes through it: a remote node's tunnel

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::fs::File;
 use std::future::Future;
 use std::net::IpAddr;
+use std::num::NonZeroU32;
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -542,7 +543,7 @@ fn routes_of_every_shape_round_trip() {
             ];
             let mut block = 10;
             for via in vias {
-                for mtu in [None, Some(1400)] {
+                for mtu in [None, NonZeroU32::new(1400)] {
                     routes.push(KernelRoute {
                         dst: dst(block),
                         protocol: PROTOCOL,
@@ -623,7 +624,7 @@ fn routes_of_every_shape_round_trip() {
 
         // A change of MTU is a replace in place.
         let mut changed = routes[0];
-        changed.mtu = Some(1300);
+        changed.mtu = NonZeroU32::new(1300);
         apply_ok(&mut backend, &[KernelOp::ReplaceRoute(changed)]).await;
         let state = backend.dump(&ownership(underlay.index)).await.unwrap();
         assert!(state.routes.contains(&changed));
@@ -687,7 +688,7 @@ fn thousands_of_pipelined_routes_apply_and_dump() {
                     gateway: ip("10.244.1.0"),
                     ifindex: vx4,
                 },
-                mtu: Some(1400),
+                mtu: NonZeroU32::new(1400),
             })
             .collect();
         let mut ops: Vec<KernelOp> = routes.iter().map(|r| KernelOp::ReplaceRoute(*r)).collect();
@@ -774,7 +775,7 @@ fn nexthops_round_trip_and_take_their_routes_with_them() {
             dst: net("10.244.2.0/26"),
             protocol: PROTOCOL,
             via: KernelRouteVia::Nexthop(nexthops[0].id),
-            mtu: Some(1450),
+            mtu: NonZeroU32::new(1450),
         };
         apply_ok(&mut backend, &[KernelOp::ReplaceRoute(route)]).await;
         let state = backend.dump(&ownership(underlay.index)).await.unwrap();
@@ -1221,7 +1222,7 @@ fn cluster(underlay: &ParentInterface, with_nexthops: bool) -> Delta {
             dst: net(&dst),
             target,
             protocol: PROTOCOL,
-            mtu,
+            mtu: mtu.and_then(NonZeroU32::new),
         };
         delta.routes.extend(
             [

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::num::NonZeroU32;
 
 use ipnetwork::IpNetwork;
 
@@ -67,7 +68,7 @@ pub struct KernelRoute {
     pub dst: IpNetwork,
     pub protocol: u8,
     pub via: KernelRouteVia,
-    pub mtu: Option<u32>,
+    pub mtu: Option<NonZeroU32>,
 }
 
 impl KernelRoute {

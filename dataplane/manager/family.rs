@@ -18,6 +18,7 @@
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::net::IpAddr;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use arcstr::ArcStr;
@@ -629,7 +630,7 @@ impl FamilyManager {
                 gateway: self.remote_vteps.get(&remote.node)?.tunnel_ip(),
             },
         };
-        Some(route(target, self.tunnel_mtu()))
+        Some(route(target, self.tunnel_mtu().and_then(NonZeroU32::new)))
     }
 
     /// Why a remote route that `desired_route` leaves out waits.

@@ -1,6 +1,7 @@
 //! Every rule of DESIGN.md §4, at the manager level.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use arcstr::ArcStr;
@@ -184,7 +185,7 @@ fn design_example_two_nodes() {
         ]
     );
     assert!(snap.routes.iter().all(|r| r.protocol == 80));
-    assert_eq!(snap.routes[1].mtu, Some(1450));
+    assert_eq!(snap.routes[1].mtu, NonZeroU32::new(1450));
     assert_eq!(snap.routes[0].mtu, None);
 }
 
@@ -583,7 +584,7 @@ fn remote_tunnel_addresses_are_connected_even_before_the_vtep() {
         let node = ArcStr::from("node-b");
         assert_eq!(
             (r.target, r.mtu),
-            (RouteTarget::Connected { node }, Some(1450))
+            (RouteTarget::Connected { node }, NonZeroU32::new(1450))
         );
     }
 }
@@ -860,7 +861,7 @@ fn config_changes_reach_the_device_and_routes() {
             .as_ref()
             .unwrap()
             .mtu,
-        Some(1400)
+        NonZeroU32::new(1400)
     );
 
     let err = send(

@@ -1,5 +1,6 @@
 //! The reconciler over the in-memory kernel, driven by the real manager.
 
+use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 mod firewall;
@@ -133,7 +134,7 @@ async fn programs_the_design_example_through_nexthops() {
     assert_eq!(members, ["192.168.10.2/32", "192.168.10.3/32"]);
     let tunnel = k.routes[&"10.244.1.0/26".parse().unwrap()];
     assert!(matches!(tunnel.via, KernelRouteVia::Nexthop(_)));
-    assert_eq!((tunnel.protocol, tunnel.mtu), (80, Some(1450)));
+    assert_eq!((tunnel.protocol, tunnel.mtu), (80, NonZeroU32::new(1450)));
     let blackhole = k.routes[&"10.244.0.0/26".parse().unwrap()];
     assert_eq!(blackhole.via, KernelRouteVia::Blackhole);
     let connected = k.routes[&"10.244.1.0/32".parse().unwrap()];

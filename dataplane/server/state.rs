@@ -1,6 +1,8 @@
 //! GetState's answer: the manager's desired state in strings a person (and
 //! grpcurl) can read.
 
+use std::num::NonZeroU32;
+
 use crate::desired::RouteTarget;
 use crate::kernel::firewall::{TABLE, TABLE_FAMILY};
 use crate::manager::{FamilySnapshot, Manager, RemoteVtep};
@@ -129,7 +131,7 @@ fn family_state(family: Family, s: FamilySnapshot) -> FamilyState {
     };
     for route in s.routes {
         let dst = route.dst.to_string();
-        let mtu = route.mtu.unwrap_or(0);
+        let mtu = route.mtu.map_or(0, NonZeroU32::get);
         match route.target {
             RouteTarget::Tunnel { node, gateway } => state.tunnel_routes.push(TunnelRoute {
                 dst,

@@ -2,6 +2,7 @@
 //! back in exactly those shapes so that a resync finds no false drift.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::num::NonZeroU32;
 
 use ipnetwork::IpNetwork;
 use netlink_packet_route::route::{
@@ -134,7 +135,7 @@ fn route_message(route: &KernelRoute) -> RouteMessage {
     if let Some(mtu) = route.mtu {
         message
             .attributes
-            .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+            .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu.get())]));
     }
     message
 }
@@ -274,12 +275,14 @@ fn multipath_gateways(mut value: &[u8]) -> Option<Vec<IpAddr>> {
 
 /// The MTU among a route's metrics (nested RTAX_* attributes), if set;
 /// `None` for malformed metrics.
-fn metrics_mtu(metrics: &[u8]) -> Option<Option<u32>> {
+/// The route's MTU metric (`Some(None)`: none, or 0, which the kernel
+/// treats as none).
+fn metrics_mtu(metrics: &[u8]) -> Option<Option<NonZeroU32>> {
     let mut mtu = None;
     for metric in raw::attributes(metrics) {
         let (metric, value) = metric.ok()?;
         if metric == RTAX_MTU {
-            mtu = Some(raw::u32_value(value)?);
+            mtu = NonZeroU32::new(raw::u32_value(value)?);
         }
     }
     Some(mtu)
@@ -298,7 +301,7 @@ mod tests {
             ("10.244.1.0/26", "10.244.1.0"),
             ("fd10:244:1::/122", "fd10:244:1::"),
         ] {
-            for mtu in [None, Some(1400)] {
+            for mtu in [None, NonZeroU32::new(1400)] {
                 for via in [
                     KernelRouteVia::Gateway {
                         gateway: gateway.parse().unwrap(),
@@ -358,7 +361,7 @@ mod tests {
             dst: dst.parse().unwrap(),
             protocol: 80,
             via,
-            mtu,
+            mtu: mtu.and_then(NonZeroU32::new),
         }))
     }
 
@@ -608,7 +611,7 @@ mod tests {
             dst: "10.244.1.5/32".parse().unwrap(),
             protocol: 80,
             via: KernelRouteVia::Link(4),
-            mtu: Some(1400),
+            mtu: NonZeroU32::new(1400),
         };
         let message = delete_message(&route);
         assert_eq!(message.header.scope, RouteScope::NoWhere);
