@@ -71,8 +71,6 @@ impl FamilySettings {
 struct RemoteRoute {
     node: ArcStr,
     kind: RemoteRouteKind,
-    /// The node's own address, when the route may bypass the tunnel.
-    direct_via: Option<IpAddr>,
     /// A no-encap pool's route: direct or nothing, never through the device.
     no_encap: bool,
 }
@@ -188,8 +186,10 @@ pub struct FamilyManager {
     /// Each remote node's routes, in no order: a node has a handful of
     /// blocks, and a list holds them in a fraction of a set's memory.
     routes_by_node: HashMap<ArcStr, Vec<IpNetwork>>,
-    /// Remote routes that go direct when the parent interface is known.
-    direct_routes: HashSet<IpNetwork>,
+    /// Remote routes that go direct when the parent interface is known,
+    /// and the node address they go via: kept apart from `remote_routes`,
+    /// so that routes through the tunnel do not pay for the address.
+    direct_routes: HashMap<IpNetwork, IpAddr>,
     /// How many remote routes go direct via each node address: one
     /// nexthop each.
     direct_gateways: HashMap<IpAddr, u32>,
@@ -218,7 +218,7 @@ impl FamilyManager {
             remote_routes: HashMap::new(),
             local_blocks: HashSet::new(),
             routes_by_node: HashMap::new(),
-            direct_routes: HashSet::new(),
+            direct_routes: HashMap::new(),
             direct_gateways: HashMap::new(),
             local_hosts: HashMap::new(),
             dirty: Dirty::default(),
@@ -292,7 +292,7 @@ impl FamilyManager {
         if self.tunnel_mtu() != old_mtu {
             self.mark_all_routes_dirty();
         } else {
-            self.dirty.routes.extend(self.direct_routes.iter().copied());
+            self.dirty.routes.extend(self.direct_routes.keys().copied());
         }
         self.mark_direct_nexthops_dirty();
     }
@@ -320,9 +320,8 @@ impl FamilyManager {
                 routes.reserve_exact(routes.len() / 4 + 1);
             }
             routes.push(route.dst);
-            let direct_via = route.direct_via();
-            if let Some(gateway) = direct_via {
-                self.direct_routes.insert(route.dst);
+            if let Some(gateway) = route.direct_via() {
+                self.direct_routes.insert(route.dst, gateway);
                 let users = self.direct_gateways.entry(gateway).or_insert(0);
                 *users += 1;
                 if *users == 1 {
@@ -334,7 +333,6 @@ impl FamilyManager {
                 RemoteRoute {
                     node,
                     kind,
-                    direct_via,
                     no_encap: route.is_no_encap(),
                 },
             );
@@ -370,8 +368,7 @@ impl FamilyManager {
                     self.routes_by_node.remove(&r.node);
                 }
             }
-            self.direct_routes.remove(&dst);
-            if let Some(gateway) = r.direct_via
+            if let Some(gateway) = self.direct_routes.remove(&dst)
                 && let Some(users) = self.direct_gateways.get_mut(&gateway)
             {
                 *users -= 1;
@@ -611,9 +608,9 @@ impl FamilyManager {
                 .contains(dst)
                 .then(|| route(RouteTarget::Blackhole, None));
         };
-        if let (Some(gateway), Some(parent)) = (remote.direct_via, &self.parent) {
+        if let (Some(gateway), Some(parent)) = (self.direct_routes.get(dst), &self.parent) {
             let target = RouteTarget::Direct {
-                gateway,
+                gateway: *gateway,
                 interface: parent.clone(),
             };
             return Some(route(target, None));
@@ -634,8 +631,8 @@ impl FamilyManager {
     }
 
     /// Why a remote route that `desired_route` leaves out waits.
-    fn wait_reason(remote: &RemoteRoute) -> WaitReason {
-        match (remote.no_encap, remote.direct_via) {
+    fn wait_reason(&self, dst: &IpNetwork, remote: &RemoteRoute) -> WaitReason {
+        match (remote.no_encap, self.direct_routes.get(dst)) {
             (false, _) => WaitReason::NoVtep,
             (true, Some(_)) => WaitReason::NoParent,
             (true, None) => WaitReason::NoNodeAddress,
@@ -765,7 +762,7 @@ impl FamilyManager {
                     waiting_routes.push(WaitingRoute {
                         dst: *dst,
                         node: remote.node.clone(),
-                        reason: Self::wait_reason(remote),
+                        reason: self.wait_reason(dst, remote),
                     })
                 }
             }
