@@ -89,6 +89,25 @@ impl Vxmgrd {
                 .join("status"),
         )
     }
+
+    /// VmRSS once it holds still: after the last status the daemon still
+    /// takes in the kernel's echoes of the last batch and hands back what
+    /// they freed. Read every 100 ms until three readings in a row agree
+    /// (for at most 5 s, then the last reading).
+    pub fn settled_rss_bytes(&self) -> Result<u64> {
+        let mut last = self.rss_bytes()?;
+        let mut same = 0;
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(100));
+            let now = self.rss_bytes()?;
+            same = if now == last { same + 1 } else { 0 };
+            last = now;
+            if same == 2 {
+                break;
+            }
+        }
+        Ok(last)
+    }
 }
 
 fn vm_rss(status: &Path) -> Result<u64> {

@@ -23,7 +23,7 @@ pub fn run(bench: &Bench) -> Result<()> {
 /// VmRSS of vxmgrd at each size, on both kernels.
 fn daemons(bench: &Bench) -> Result<()> {
     let mut table = Table::new(
-        "rss: vxmgrd VmRSS after convergence (MiB; default flags)",
+        "rss: vxmgrd VmRSS after convergence, once it holds still (MiB; default flags)",
         &["nodes", "memory kernel", "netlink kernel"],
     );
     for &nodes in &bench.settings.sizes {
@@ -50,7 +50,7 @@ fn converged_rss(bench: &Bench, nodes: u32, daemon: Vxmgrd) -> Result<u64> {
     let messages = bench.clusters.messages(nodes)?;
     let delivery = bench.runtime.block_on(replay(&daemon.socket(), messages))?;
     ensure!(delivery.all_ok(), "{nodes} nodes did not apply cleanly");
-    daemon.rss_bytes()
+    daemon.settled_rss_bytes()
 }
 
 /// Heap per route at the smallest and the largest size.

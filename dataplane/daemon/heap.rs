@@ -5,16 +5,19 @@
 //! allocator keeps what they free in each thread's arena for reuse, so
 //! without this the daemon's resident memory would stay at that peak.
 
-/// Kernel operations after which free memory is handed back: what fewer
-/// free is small and soon reused. Single node changes (ten or so
-/// operations) reach it once in hundreds, so their latency stays clear of
-/// it; the large batches of a cold start reach it at once, and what they
-/// freed is handed back before their status goes out.
-const LARGE_CHANGE: u32 = 5_000;
+/// A batch of at least this many kernel operations (or a burst of as many
+/// notifications) is large: what its delta, plan and operations freed is
+/// handed back before its status goes out, so that a daemon converged by
+/// large batches (a cold start) holds its state and little more.
+const LARGE_BATCH: u32 = 1_000;
 
-/// Counts kernel operations, and hands free memory back after every
-/// `LARGE_CHANGE` of them: a cluster streamed in many batches is as large
-/// a change as one in a single batch.
+/// Kernel operations of small batches after which free memory is handed
+/// back too: single node changes (ten or so operations) reach it once in
+/// hundreds, so their latency stays clear of it.
+const MANY_SMALL: u32 = 5_000;
+
+/// Counts kernel operations and hands free memory back after each large
+/// batch, and after every `MANY_SMALL` operations of smaller ones.
 #[derive(Debug, Default)]
 pub struct Releaser {
     operations: u32,
@@ -23,7 +26,7 @@ pub struct Releaser {
 impl Releaser {
     pub fn count(&mut self, operations: u32) {
         self.operations = self.operations.saturating_add(operations);
-        if self.operations >= LARGE_CHANGE {
+        if operations >= LARGE_BATCH || self.operations >= MANY_SMALL {
             self.operations = 0;
             release_free_memory();
         }

@@ -137,10 +137,14 @@ pub async fn run<B: KernelBackend>(
                 };
                 let now = Instant::now();
                 let mut due = reconciler.notice(notification, now);
+                let mut burst = 1;
                 // Take the whole burst in before repairing once.
                 while let Some(more) = notifications.as_mut().and_then(|rx| rx.try_recv().ok()) {
                     due |= reconciler.notice(more, now);
+                    burst += 1;
                 }
+                // The kernel's echoes of a large batch are as large.
+                releaser.count(burst);
                 if !due {
                     continue;
                 }
