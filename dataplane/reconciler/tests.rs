@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 mod firewall;
 mod host;
+mod table;
 
 use super::*;
 use crate::config::Config;
