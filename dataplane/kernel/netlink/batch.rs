@@ -13,16 +13,14 @@
 use std::io;
 use std::ops::Range;
 
-use nix::sys::socket::{setsockopt, sockopt};
-use nix::sys::time::{TimeVal, TimeValLike};
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
-use rtnetlink::sys::{Socket, protocols::NETLINK_ROUTE};
+use rtnetlink::sys::Socket;
 
 use super::io_error;
 use super::raw::{self, NLMSG_ERROR};
-use super::socket::{REPLY_TIMEOUT, raise_receive_buffer, receive, refusal};
+use super::socket::{blocking_route_socket, raise_receive_buffer, receive, refusal};
 use crate::kernel::KernelError;
 
 /// Requests per datagram: enough to make the system calls few; the kernel
@@ -93,14 +91,8 @@ pub(super) struct BatchSocket {
 
 impl BatchSocket {
     pub fn open() -> io::Result<BatchSocket> {
-        let mut socket = Socket::new(NETLINK_ROUTE)?;
-        socket.bind_auto()?;
-        socket.set_ext_ack(true)?;
-        socket.set_cap_ack(true)?;
+        let mut socket = blocking_route_socket()?;
         raise_receive_buffer(&mut socket, RECEIVE_BUFFER)?;
-        // A kernel that stops answering becomes an error, not a hung thread.
-        let timeout = TimeVal::seconds(REPLY_TIMEOUT.as_secs() as i64);
-        setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)?;
         Ok(BatchSocket {
             socket,
             buffer: Vec::with_capacity(ANSWER_BUFFER),

@@ -9,18 +9,16 @@
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use nix::sys::socket::{setsockopt, sockopt};
-use nix::sys::time::{TimeVal, TimeValLike};
 use rtnetlink::packet_core::{
     NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
-use rtnetlink::sys::{Socket, protocols::NETLINK_ROUTE};
+use rtnetlink::sys::Socket;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::debug;
 
 use super::io_error;
 use super::raw::{self, Message, NLM_F_DUMP_INTR, NLMSG_DONE, NLMSG_ERROR};
-use super::socket::{REPLY_TIMEOUT, receive, refusal};
+use super::socket::{blocking_route_socket, receive, refusal};
 use crate::kernel::KernelError;
 
 /// Dumps that run at once. A resync's dumps are two of all our routes (by
@@ -126,15 +124,9 @@ struct DumpSocket {
 
 impl DumpSocket {
     fn open() -> io::Result<DumpSocket> {
-        let mut socket = Socket::new(NETLINK_ROUTE)?;
-        socket.bind_auto()?;
-        socket.set_ext_ack(true)?;
-        socket.set_cap_ack(true)?;
+        let socket = blocking_route_socket()?;
         // The kernel filters dumps by the request's header and attributes.
         socket.set_netlink_get_strict_chk(true)?;
-        // A kernel that stops answering becomes an error, not a hung thread.
-        let timeout = TimeVal::seconds(REPLY_TIMEOUT.as_secs() as i64);
-        setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)?;
         Ok(DumpSocket {
             socket,
             buffer: Vec::with_capacity(BUFFER),

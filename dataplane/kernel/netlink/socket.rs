@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use nix::sys::socket::{setsockopt, sockopt};
+use nix::sys::time::{TimeVal, TimeValLike};
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkDeserializable, NetlinkHeader, NetlinkMessage,
     NetlinkPayload, NetlinkSerializable,
@@ -42,6 +43,20 @@ const NLMSGERR_ATTR_MSG: u16 = 1;
 /// Length of the request header echoed in an ACK (`NETLINK_CAP_ACK` keeps
 /// the kernel from echoing the whole request).
 const ECHOED_HEADER_LEN: usize = 16;
+
+/// A blocking NETLINK_ROUTE socket whose answers vxmgr reads itself:
+/// refusals explained (extended ACKs), ACKs without the echoed request,
+/// and a receive timeout, so that a kernel that stops answering becomes an
+/// error, not a hung thread.
+pub(super) fn blocking_route_socket() -> io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.set_ext_ack(true)?;
+    socket.set_cap_ack(true)?;
+    let timeout = TimeVal::seconds(REPLY_TIMEOUT.as_secs() as i64);
+    setsockopt(&socket, sockopt::ReceiveTimeout, &timeout)?;
+    Ok(socket)
+}
 
 /// Sets a socket's receive buffer: root may exceed net.core.rmem_max,
 /// others get what it allows.
