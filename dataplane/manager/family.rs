@@ -264,13 +264,8 @@ impl FamilyManager {
             self.mark_all_routes_dirty();
         }
         if old.route_protocol != new.route_protocol {
-            let family = self.family;
-            self.dirty.nexthops.extend(
-                self.remote_vteps
-                    .keys()
-                    .map(|node| NexthopKey::Tunnel(family, node.clone())),
-            );
-            self.mark_direct_nexthops_dirty();
+            let keys: Vec<NexthopKey> = self.nexthop_keys().collect();
+            self.dirty.nexthops.extend(keys);
         }
         for net in old.external_nodes {
             self.unref_ipset(net);
@@ -295,6 +290,14 @@ impl FamilyManager {
             self.dirty.routes.extend(self.direct_routes.keys().copied());
         }
         self.mark_direct_nexthops_dirty();
+    }
+
+    /// Every nexthop this family may want: one per remote VTEP, one per
+    /// direct gateway.
+    fn nexthop_keys(&self) -> impl Iterator<Item = NexthopKey> + '_ {
+        let tunnel = (self.remote_vteps.keys()).map(|n| NexthopKey::Tunnel(self.family, n.clone()));
+        let direct = self.direct_gateways.keys().map(|g| NexthopKey::Direct(*g));
+        tunnel.chain(direct)
     }
 
     fn mark_direct_nexthops_dirty(&mut self) {
@@ -739,10 +742,8 @@ impl FamilyManager {
         }
         let s = self.snapshot();
         delta.devices.extend(all(s.device.into_iter()));
-        let tunnel = (self.remote_vteps.keys()).map(|n| NexthopKey::Tunnel(self.family, n.clone()));
-        let direct = self.direct_gateways.keys().map(|g| NexthopKey::Direct(*g));
-        delta.nexthops.extend(all(tunnel
-            .chain(direct)
+        delta.nexthops.extend(all(self
+            .nexthop_keys()
             .filter_map(|k| self.desired_nexthop(&k))));
         delta.routes.extend(all(s.routes.into_iter()));
         delta.neighbors.extend(all(s.neighbors.into_iter()));
