@@ -14,6 +14,12 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// Retries of anything that should come back soon: from 100 ms,
+    /// doubling, at most 5 s apart.
+    pub fn retries() -> Backoff {
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
+    }
+
     pub fn new(first: Duration, max: Duration) -> Backoff {
         Backoff {
             first,
