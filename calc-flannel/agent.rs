@@ -7,12 +7,12 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 use tracing::{info, warn};
 use vxmgr::model::Family;
 use vxmgr::wire::felix::ToDataplane;
 
-use crate::backoff::{Backoff, Condition};
+use crate::backoff::{Backoff, Condition, retry};
 use crate::dataplane::{Dataplane, Progress, Stream};
 use crate::health::Health;
 use crate::host::HostNetwork;
@@ -116,22 +116,10 @@ impl<M: SubnetManager> Agent<M> {
 
     /// vxmgrd's name for this node, waiting for vxmgrd if it is not up.
     async fn hostname(&mut self) -> String {
-        let mut backoff = Backoff::retries();
-        let mut condition = Condition::new("waiting for vxmgrd");
-        loop {
-            match self.dataplane.hostname().await {
-                Ok(hostname) => {
-                    condition.ok();
-                    info!(%hostname, socket = %self.dataplane.socket().display(), "vxmgrd's name for this node");
-                    return hostname;
-                }
-                Err(e) => {
-                    let wait = backoff.next();
-                    condition.failed(&e, wait);
-                    sleep(wait).await;
-                }
-            }
-        }
+        let dataplane = &self.dataplane;
+        let hostname = retry("waiting for vxmgrd", || dataplane.hostname()).await;
+        info!(%hostname, socket = %dataplane.socket().display(), "vxmgrd's name for this node");
+        hostname
     }
 
     fn write_subnet_file(

@@ -75,6 +75,29 @@ impl Condition {
     }
 }
 
+/// Tries `attempt` until it succeeds, backing off between attempts and
+/// logging failures as `what` does.
+pub async fn retry<T, E: Display, F: Future<Output = Result<T, E>>>(
+    what: &'static str,
+    mut attempt: impl FnMut() -> F,
+) -> T {
+    let mut backoff = Backoff::retries();
+    let mut condition = Condition::new(what);
+    loop {
+        match attempt().await {
+            Ok(value) => {
+                condition.ok();
+                return value;
+            }
+            Err(e) => {
+                let wait = backoff.next();
+                condition.failed(&e, wait);
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

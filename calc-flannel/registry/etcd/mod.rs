@@ -19,7 +19,7 @@ use tracing::{debug, info, warn};
 use self::kv::{EtcdError, Event, KeyValue, Kv, Watch, WatchMessage};
 use super::{LeaseChange, SubnetManager};
 use crate::allocate;
-use crate::backoff::{Backoff, Condition};
+use crate::backoff::{Backoff, Condition, retry};
 use crate::lease::{Lease, LeaseAttrs};
 use crate::network::NetworkConfig;
 use crate::subnet::SubnetKey;
@@ -348,25 +348,19 @@ impl<K: Kv> SubnetManager for EtcdSubnetManager<K> {
     /// Waits until one is there and valid (as flannel waits).
     async fn network_config(&mut self) -> NetworkConfig {
         let key = self.config_key();
-        let mut backoff = Backoff::retries();
-        let mut condition = Condition::new("network config");
-        loop {
-            let problem = match self.kv.get(&key).await {
-                Ok(Some(kv)) => match NetworkConfig::parse(&String::from_utf8_lossy(&kv.value)) {
-                    Ok(config) => {
-                        condition.ok();
-                        config.log(&key);
-                        return config;
-                    }
-                    Err(e) => format!("{key} is not usable: {e}"),
-                },
-                Ok(None) => format!("{key} does not exist yet"),
-                Err(e) => format!("reading {key}: {e}"),
-            };
-            let wait = backoff.next();
-            condition.failed(&problem, wait);
-            sleep(wait).await;
-        }
+        let kv = &self.kv;
+        let key = &key;
+        let config = retry("network config", || async move {
+            match kv.get(key).await {
+                Ok(Some(kv)) => NetworkConfig::parse(&String::from_utf8_lossy(&kv.value))
+                    .map_err(|e| format!("{key} is not usable: {e}")),
+                Ok(None) => Err(format!("{key} does not exist yet")),
+                Err(e) => Err(format!("reading {key}: {e}")),
+            }
+        })
+        .await;
+        config.log(&key);
+        config
     }
 
     /// The listing the lease was acquired on is the start: the watch from

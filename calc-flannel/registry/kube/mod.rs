@@ -18,13 +18,12 @@ use std::time::{Duration, SystemTime};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::watcher::Event;
-use tokio::time::sleep;
 use tracing::{debug, info, warn};
 
 use self::api::{ApiError, NodeApi, NodeEvents};
 use self::node::{AnnotationNames, NodeLease, PodCidrs};
 use super::{LeaseChange, SubnetManager};
-use crate::backoff::{Backoff, Condition};
+use crate::backoff::{Condition, retry};
 use crate::lease::{Lease, LeaseAttrs};
 use crate::network::NetworkConfig;
 use crate::subnet::SubnetKey;
@@ -98,59 +97,17 @@ impl<A: NodeApi> KubeSubnetManager<A> {
             NodeIdentity::Name(name) => return name.clone(),
             NodeIdentity::Pod { namespace, name } => (namespace, name),
         };
-        let mut backoff = Backoff::retries();
-        let mut condition = Condition::new("finding this node's name");
-        loop {
-            let problem = match self.api.pod_node(namespace, pod).await {
-                Ok(Some(node)) => {
-                    condition.ok();
-                    info!(%node, pod = %format!("{namespace}/{pod}"), "this node's Node, from its Pod");
-                    return node;
-                }
-                Ok(None) => format!("Pod {namespace}/{pod} has no spec.nodeName yet"),
-                Err(e) => e.to_string(),
-            };
-            let wait = backoff.next();
-            condition.failed(&problem, wait);
-            sleep(wait).await;
-        }
-    }
-
-    /// This node's lease from its Node: its podCIDRs, once set, and
-    /// `attrs` with the operator's overwrites; annotated on the Node.
-    async fn own_lease(&mut self, attrs: &LeaseAttrs) -> Result<Lease, String> {
-        let name = &self.node;
-        let node = self.api.node(name).await.map_err(|e| e.to_string())?;
-        let key = match node::pod_cidrs(&node, self.config()) {
-            PodCidrs::Key(key) if self.config().v6.is_some() && key.v6.is_none() => {
-                return Err(format!(
-                    "waiting for Node {name}'s IPv6 podCIDR (the network has IPv6)"
-                ));
+        let api = &self.api;
+        let node = retry("finding this node's name", || async move {
+            match api.pod_node(namespace, pod).await {
+                Ok(Some(node)) => Ok(node),
+                Ok(None) => Err(format!("Pod {namespace}/{pod} has no spec.nodeName yet")),
+                Err(e) => Err(e.to_string()),
             }
-            PodCidrs::Key(key) => key,
-            PodCidrs::Missing(why) => {
-                return Err(format!(
-                    "waiting for Node {name}'s podCIDR ({why}; the controller manager allocates it)"
-                ));
-            }
-            PodCidrs::Refused(why) => {
-                return Err(format!("Node {name}: {why}: refused, not programmed"));
-            }
-        };
-        let names = &self.options.annotations;
-        let (attrs, problems) = node::overwritten(&node, names, attrs.clone());
-        for problem in problems {
-            warn!(node = %name, "{problem}");
-        }
-        let patch = node::annotations_to_patch(&node, &node::wanted_annotations(names, &attrs));
-        if !patch.is_empty() {
-            self.api
-                .annotate(name, &patch)
-                .await
-                .map_err(|e| e.to_string())?;
-            info!(node = %name, annotations = ?patch.keys().collect::<Vec<_>>(), "annotated this node's Node");
-        }
-        Ok(Lease { key, attrs })
+        })
+        .await;
+        info!(%node, pod = %format!("{namespace}/{pod}"), "this node's Node, from its Pod");
+        node
     }
 
     /// Logs why a Node is not used, when that changed.
@@ -255,27 +212,18 @@ impl<A: NodeApi> SubnetManager for KubeSubnetManager<A> {
 
     /// Reads `--net-config-path`, waiting until it is there and usable.
     async fn network_config(&mut self) -> NetworkConfig {
-        let path = self.options.net_config_path.clone();
-        let source = path.display().to_string();
-        let mut backoff = Backoff::retries();
-        let mut condition = Condition::new("network config");
-        loop {
-            let problem = match tokio::fs::read_to_string(&path).await {
-                Ok(text) => match NetworkConfig::parse(&text) {
-                    Ok(config) => {
-                        condition.ok();
-                        config.log(&source);
-                        self.config = Some(config.clone());
-                        return config;
-                    }
-                    Err(e) => format!("{source} is not usable: {e}"),
-                },
-                Err(e) => format!("reading {source}: {e}"),
-            };
-            let wait = backoff.next();
-            condition.failed(&problem, wait);
-            sleep(wait).await;
-        }
+        let path = &self.options.net_config_path;
+        let source = &path.display().to_string();
+        let config = retry("network config", || async move {
+            let text = tokio::fs::read_to_string(path)
+                .await
+                .map_err(|e| format!("reading {source}: {e}"))?;
+            NetworkConfig::parse(&text).map_err(|e| format!("{source} is not usable: {e}"))
+        })
+        .await;
+        config.log(source);
+        self.config = Some(config.clone());
+        config
     }
 
     /// Waits for the Node's podCIDR, annotates the Node, then lists every
@@ -283,19 +231,11 @@ impl<A: NodeApi> SubnetManager for KubeSubnetManager<A> {
     async fn acquire(&mut self, config: &NetworkConfig, attrs: LeaseAttrs) -> (Lease, LeaseChange) {
         self.config = Some(config.clone());
         self.node = self.node_name().await;
-        let mut backoff = Backoff::retries();
-        let mut condition = Condition::new("this node's lease");
-        let lease = loop {
-            match self.own_lease(&attrs).await {
-                Ok(lease) => break lease,
-                Err(problem) => {
-                    let wait = backoff.next();
-                    condition.failed(&problem, wait);
-                    sleep(wait).await;
-                }
-            }
-        };
-        condition.ok();
+        let (api, names, node, attrs) = (&self.api, &self.options.annotations, &self.node, &attrs);
+        let lease = retry("this node's lease", || {
+            own_lease(api, names, node, config, attrs)
+        })
+        .await;
         info!(node = %self.node, lease = %lease.key, "this node's lease is its Node's podCIDR");
         loop {
             let due = self.due().await;
@@ -337,26 +277,54 @@ impl<A: NodeApi> SubnetManager for KubeSubnetManager<A> {
         let node = self.node.clone();
         // Retried on its own, so that the agent follows meanwhile.
         tokio::spawn(async move {
-            let mut backoff = Backoff::retries();
-            let mut condition = Condition::new("setting NetworkUnavailable false");
-            loop {
+            let (api, node) = (&api, &node);
+            retry("setting NetworkUnavailable false", || async move {
                 let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-                match api
-                    .patch_status(&node, &node::network_available_patch(&now))
+                api.patch_status(node, &node::network_available_patch(&now))
                     .await
-                {
-                    Ok(()) => {
-                        condition.ok();
-                        info!(%node, "set the Node's NetworkUnavailable condition false");
-                        return;
-                    }
-                    Err(e) => {
-                        let wait = backoff.next();
-                        condition.failed(&e, wait);
-                        sleep(wait).await;
-                    }
-                }
-            }
+            })
+            .await;
+            info!(%node, "set the Node's NetworkUnavailable condition false");
         });
     }
+}
+
+/// This node's lease from its Node `name`: its podCIDRs, once set, and
+/// `attrs` with the operator's overwrites; annotated on the Node.
+async fn own_lease(
+    api: &impl NodeApi,
+    names: &AnnotationNames,
+    name: &str,
+    config: &NetworkConfig,
+    attrs: &LeaseAttrs,
+) -> Result<Lease, String> {
+    let node = api.node(name).await.map_err(|e| e.to_string())?;
+    let key = match node::pod_cidrs(&node, config) {
+        PodCidrs::Key(key) if config.v6.is_some() && key.v6.is_none() => {
+            return Err(format!(
+                "waiting for Node {name}'s IPv6 podCIDR (the network has IPv6)"
+            ));
+        }
+        PodCidrs::Key(key) => key,
+        PodCidrs::Missing(why) => {
+            return Err(format!(
+                "waiting for Node {name}'s podCIDR ({why}; the controller manager allocates it)"
+            ));
+        }
+        PodCidrs::Refused(why) => {
+            return Err(format!("Node {name}: {why}: refused, not programmed"));
+        }
+    };
+    let (attrs, problems) = node::overwritten(&node, names, attrs.clone());
+    for problem in problems {
+        warn!(node = %name, "{problem}");
+    }
+    let patch = node::annotations_to_patch(&node, &node::wanted_annotations(names, &attrs));
+    if !patch.is_empty() {
+        api.annotate(name, &patch)
+            .await
+            .map_err(|e| e.to_string())?;
+        info!(node = %name, annotations = ?patch.keys().collect::<Vec<_>>(), "annotated this node's Node");
+    }
+    Ok(Lease { key, attrs })
 }
