@@ -8,7 +8,6 @@ mod support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use support::Daemon;
 use support::flannel::{Agent, block_on, etcd_available, etcd_required};

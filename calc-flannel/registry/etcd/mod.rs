@@ -359,7 +359,7 @@ impl<K: Kv> SubnetManager for EtcdSubnetManager<K> {
             }
         })
         .await;
-        config.log(&key);
+        config.log(key);
         config
     }
 
