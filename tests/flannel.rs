@@ -156,6 +156,23 @@ fn ping(c: &FlannelCluster, from: u8, source: std::net::IpAddr, to: std::net::Ip
         .success()
 }
 
+/// Each node's pod pings the next node's, over IPv4 and IPv6.
+fn pods_ping_around(c: &FlannelCluster, subnets: &[Subnets]) {
+    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
+        let (a, b) = (
+            &subnets[usize::from(from) - 1],
+            &subnets[usize::from(to) - 1],
+        );
+        for v6 in [false, true] {
+            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
+            assert!(
+                ping(c, from, source, target),
+                "ping {target} from node-{from}'s pod"
+            );
+        }
+    }
+}
+
 const VXLAN_DUAL_STACK: &str = r#"{"Network": "10.50.0.0/16", "SubnetMin": "10.50.1.0", "SubnetMax": "10.50.3.0",
     "EnableIPv6": true, "IPv6Network": "fd00:50::/48", "Backend": {"Type": "vxlan"}}"#;
 
@@ -334,19 +351,7 @@ fn nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6() {
     }
 
     // Pod to pod, IPv4 and IPv6, through the tunnels.
-    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
-        let (a, b) = (
-            &subnets[usize::from(from) - 1],
-            &subnets[usize::from(to) - 1],
-        );
-        for v6 in [false, true] {
-            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
-            assert!(
-                ping(&c, from, source, target),
-                "ping {target} from node-{from}'s pod"
-            );
-        }
-    }
+    pods_ping_around(&c, &subnets);
 
     // A Node deleted: the others drop its routes.
     kube.kubectl(&["delete", "node", "node-3"]).unwrap();
@@ -513,19 +518,7 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
             );
         }
     }
-    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
-        let (a, b) = (
-            &subnets[usize::from(from) - 1],
-            &subnets[usize::from(to) - 1],
-        );
-        for v6 in [false, true] {
-            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
-            assert!(
-                ping(&c, from, source, target),
-                "ping {target} from node-{from}'s pod"
-            );
-        }
-    }
+    pods_ping_around(&c, &subnets);
 
     // A node off this segment is reported, not routed; bad leases are
     // skipped with a warning naming them; every good route stays.

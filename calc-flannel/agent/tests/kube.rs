@@ -60,6 +60,24 @@ impl KubeRig {
         self.rig.spawn(manager, "192.168.10.1", self.health.clone())
     }
 
+    /// node-1's agent with the `remotes` Nodes there too, once vxmgrd has
+    /// programmed them.
+    async fn ready_with(&self, remotes: &[u8]) -> JoinHandle<()> {
+        self.api
+            .put_node(test_node("node-1", &["10.244.1.0/24"], &[]));
+        for n in remotes {
+            self.api.put_node(remote(*n));
+        }
+        let agent = self.agent();
+        self.until("every remote route", |s| routes(s).len() == remotes.len())
+            .await;
+        eventually("ready", || {
+            HealthProbes(self.health.clone()).not_ready().is_none()
+        })
+        .await;
+        agent
+    }
+
     /// Messages sent to vxmgrd so far.
     async fn sent(&self) -> u64 {
         let text = HealthProbes(self.health.clone()).metrics().await;
@@ -175,15 +193,7 @@ async fn the_node_waits_for_its_pod_cidr_and_refuses_one_outside_the_network() {
 #[tokio::test]
 async fn nodes_join_change_and_go_and_an_unchanged_update_sends_nothing() {
     let rig = KubeRig::start().await;
-    rig.api
-        .put_node(test_node("node-1", &["10.244.1.0/24"], &[]));
-    rig.api.put_node(remote(2));
-    let agent = rig.agent();
-    rig.until("one route", |s| routes(s).len() == 1).await;
-    eventually("ready", || {
-        HealthProbes(rig.health.clone()).not_ready().is_none()
-    })
-    .await;
+    let agent = rig.ready_with(&[2]).await;
 
     // node-2 updated with nothing flannel reads changed, then node-3
     // joins: only node-3's VTEP and route are sent.
@@ -255,16 +265,7 @@ async fn nodes_join_change_and_go_and_an_unchanged_update_sends_nothing() {
 #[tokio::test]
 async fn a_restarted_watch_deletes_only_what_is_gone() {
     let rig = KubeRig::start().await;
-    rig.api
-        .put_node(test_node("node-1", &["10.244.1.0/24"], &[]));
-    rig.api.put_node(remote(2));
-    rig.api.put_node(remote(3));
-    let agent = rig.agent();
-    rig.until("two routes", |s| routes(s).len() == 2).await;
-    eventually("ready", || {
-        HealthProbes(rig.health.clone()).not_ready().is_none()
-    })
-    .await;
+    let agent = rig.ready_with(&[2, 3]).await;
 
     let before = rig.sent().await;
     rig.api.fail_watches("connection reset");
