@@ -162,9 +162,12 @@ impl NodeApi for KubeApi {
         node: &str,
         annotations: &BTreeMap<String, String>,
     ) -> Result<(), ApiError> {
+        // Through the status subresource, as flanneld: metadata changes
+        // are taken there too, and its RBAC grants nodes/status patch, not
+        // nodes patch.
         let patch = json!({"metadata": {"annotations": annotations}});
         self.nodes
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
             .map_err(|e| api_error(format!("annotating Node {node}"), e))
