@@ -157,27 +157,12 @@ mod tests {
         conf.delegate_config(&env.parse().unwrap())
     }
 
+    /// flannel's conflist, an IPv4 node whose flannel masquerades.
     #[test]
     fn kube_flannel_on_an_ipv4_node() {
-        assert_eq!(
-            delegate(KUBE_FLANNEL, V4),
-            json!({
-                "cniVersion": "0.3.1",
-                "name": "cbr0",
-                "type": "bridge",
-                "bridge": "cni0",
-                "hairpinMode": true,
-                "isDefaultGateway": true,
-                "isGateway": true,
-                "ipMasq": false,
-                "mtu": 1450,
-                "ipam": {
-                    "type": "host-local",
-                    "ranges": [[{"subnet": "10.244.58.0/24"}]],
-                    "routes": [{"dst": "10.244.0.0/16"}]
-                }
-            })
-        );
+        let golden: Value =
+            serde_json::from_str(include_str!("testdata/kube-flannel-ipv4.json")).unwrap();
+        assert_eq!(delegate(KUBE_FLANNEL, V4), golden);
     }
 
     #[test]

@@ -62,7 +62,8 @@ impl Delegate for Exec {
             },
             Err(_) => PluginError::Delegate {
                 plugin: plugin.into(),
-                code: 999,
+                // The first code the spec leaves to plugins.
+                code: 100,
                 msg: format!("exited with {}", output.status),
                 details: format!(
                     "{}{}",

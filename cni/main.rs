@@ -12,15 +12,17 @@ use std::str::FromStr;
 
 use cni_plugin::Command;
 use cni_plugin::error::{CniError, EmptyValueError, InvalidCommandError};
-use cni_plugin::reply::reply;
+use cni_plugin::reply::{ErrorReply, reply};
 
 use exec::Exec;
 use plugin::{Reply, Request, handle, reply_version};
 
 fn main() {
-    // stdout is the runtime's: logs go to stderr, quiet unless asked for.
+    // stdout is the runtime's: logs go to stderr (into the runtime's log,
+    // so no colours), quiet unless asked for.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(false)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("VXMGR_CNI_LOG")
                 .unwrap_or_else(|_| "warn".into()),
@@ -28,12 +30,12 @@ fn main() {
         .init();
     let mut config = Vec::new();
     if let Err(e) = std::io::stdin().read_to_end(&mut config) {
-        reply(CniError::Io(e).into_reply(reply_version(&config)));
+        fail(CniError::Io(e).into_reply(reply_version(&config)));
     }
     let version = reply_version(&config);
     let request = match request(config) {
         Ok(request) => request,
-        Err(e) => reply(e.into_reply(version)),
+        Err(e) => fail(e.into_reply(version)),
     };
     let delegate = Exec {
         cni_path: std::env::var("CNI_PATH").unwrap_or_default(),
@@ -41,16 +43,29 @@ fn main() {
     match handle(&request, &delegate) {
         Ok(Reply::Result(result)) => {
             if let Err(e) = std::io::Write::write_all(&mut std::io::stdout(), &result) {
-                reply(CniError::Io(e).into_reply(version))
+                fail(CniError::Io(e).into_reply(version))
             }
         }
         Ok(Reply::Version(versions)) => reply(versions),
         Ok(Reply::Nothing) => {}
         Err(e) => {
             tracing::warn!(command = request.command.as_ref(), error = %e, "failed");
-            reply(e.into_reply(version))
+            fail(e.into_reply(version))
         }
     }
+}
+
+/// Prints the error result and exits with its code, or 1 for a code that
+/// is no exit status (a delegate's code 0 or 256 must not read as success).
+fn fail(error: ErrorReply) -> ! {
+    let status = u8::try_from(error.code)
+        .ok()
+        .filter(|s| *s != 0)
+        .unwrap_or(1);
+    if let Ok(text) = serde_json::to_string(&error) {
+        println!("{text}");
+    }
+    std::process::exit(i32::from(status))
 }
 
 /// CNI_COMMAND and CNI_CONTAINERID, checked; the delegate reads the other

@@ -133,22 +133,9 @@ fn add_hands_bridge_flannels_config_and_passes_its_result_on() {
         RESULT,
         "as bridge gave it"
     );
-    let expected = json!({
-        "cniVersion": "0.3.1",
-        "name": "cbr0",
-        "type": "bridge",
-        "bridge": "cni0",
-        "hairpinMode": true,
-        "isDefaultGateway": true,
-        "isGateway": true,
-        "ipMasq": false,
-        "mtu": 1450,
-        "ipam": {
-            "type": "host-local",
-            "ranges": [[{"subnet": "10.244.58.0/24"}]],
-            "routes": [{"dst": "10.244.0.0/16"}]
-        }
-    });
+    // The same config as the plugin's own golden test.
+    let expected: Value =
+        serde_json::from_str(include_str!("../cni/testdata/kube-flannel-ipv4.json")).unwrap();
     assert_eq!(fake.delegated("ADD").unwrap(), expected);
     let saved: Value = serde_json::from_slice(&std::fs::read(fake.saved()).unwrap()).unwrap();
     assert_eq!(saved, expected, "kept for DEL");
@@ -183,18 +170,23 @@ fn del_uses_the_saved_config_and_is_idempotent() {
     assert!(fake.delegated("DEL").is_none(), "nothing left to delete");
 }
 
+/// ADD's error: code `code`, details naming the subnet file and `names`.
+fn add_fails_naming_the_subnet_file(fake: &Fake, code: i64, names: &[&str]) {
+    let error = error_of(&fake.run("ADD", &fake.config()));
+    assert_eq!(error["code"], code, "{error}");
+    assert_eq!(error["cniVersion"], "0.3.1");
+    let details = error["details"].as_str().unwrap();
+    let file = fake.subnet_file().display().to_string();
+    for name in names.iter().copied().chain([file.as_str()]) {
+        assert!(details.contains(name), "{name} in {details}");
+    }
+}
+
 #[test]
 fn a_missing_or_malformed_subnet_env_is_a_cni_error_naming_it() {
     let fake = Fake::recording();
-    let error = error_of(&fake.run("ADD", &fake.config()));
-    assert_eq!(error["code"], 11, "try again later: {error}");
-    let details = error["details"].as_str().unwrap();
-    assert!(
-        details.contains(&fake.subnet_file().display().to_string()),
-        "{details}"
-    );
-    assert_eq!(error["cniVersion"], "0.3.1");
-
+    // 11: try again later (flannel not up yet).
+    add_fails_naming_the_subnet_file(&fake, 11, &[]);
     for (text, names) in [
         (
             "FLANNEL_NETWORK=10.244.0.0/16\nFLANNEL_SUBNET=10.244.58.1\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=true\n",
@@ -206,16 +198,7 @@ fn a_missing_or_malformed_subnet_env_is_a_cni_error_naming_it() {
         ),
     ] {
         fake.write_subnet_env(text);
-        let error = error_of(&fake.run("ADD", &fake.config()));
-        assert_eq!(error["code"], 7, "{error}");
-        let details = error["details"].as_str().unwrap();
-        assert!(
-            details.contains(&fake.subnet_file().display().to_string()),
-            "{details}"
-        );
-        for name in names {
-            assert!(details.contains(name), "{name} in {details}");
-        }
+        add_fails_naming_the_subnet_file(&fake, 7, &names);
     }
     assert!(fake.delegated("ADD").is_none(), "no delegate run");
     assert!(!fake.saved().exists(), "nothing saved");
@@ -232,6 +215,29 @@ fn a_delegates_error_comes_back_with_its_code() {
     let details = error["details"].as_str().unwrap();
     assert!(details.contains("bridge: busy: try later"), "{details}");
     assert!(fake.saved().exists(), "kept for the DEL that follows");
+}
+
+#[test]
+fn a_delegate_failing_without_an_error_result_is_still_a_failure() {
+    let fake = Fake::new(
+        "cat >/dev/null
+echo 'panic: runtime error'
+exit 2
+",
+    );
+    fake.write_subnet_env(V4_MASQUERADING);
+    let error = error_of(&fake.run("ADD", &fake.config()));
+    assert_eq!(error["code"], 100);
+    let details = error["details"].as_str().unwrap();
+    assert!(details.contains("panic: runtime error"), "{details}");
+
+    // A code that is no exit status still exits non-zero.
+    let fake = Fake::new("cat >/dev/null\necho '{\"code\":256,\"msg\":\"odd\"}'\nexit 1\n");
+    fake.write_subnet_env(V4_MASQUERADING);
+    let output = fake.run("ADD", &fake.config());
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let error: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(error["code"], 256);
 }
 
 #[test]
