@@ -245,7 +245,8 @@ fn bad_requests_are_cni_errors() {
     let fake = Fake::recording();
     fake.write_subnet_env(V4_MASQUERADING);
     let config = fake.config();
-    let cases: [(&[(&str, &str)], &str, i64); 5] = [
+    type Case<'a> = (&'a [(&'a str, &'a str)], &'a str, i64);
+    let cases: [Case; 5] = [
         (&[("CNI_COMMAND", "ADD")], &config, 4),
         (
             &[("CNI_COMMAND", "PUT"), ("CNI_CONTAINERID", "a")],
