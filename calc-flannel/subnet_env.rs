@@ -1,9 +1,13 @@
 //! flannel's `subnet.env`, which CNI plugins read: the network, this node's
 //! subnet (its first address with the length, as flannel writes it), the
-//! MTU and whether flannel masquerades. Written atomically.
+//! MTU and whether flannel masquerades; its format is the library's
+//! `SubnetEnv`, which the CNI plugin parses. Written atomically.
 
 use std::io::Write;
 use std::path::Path;
+
+use ipnetwork::IpNetwork;
+use vxmgr::subnet_env::SubnetEnv;
 
 use crate::network::NetworkConfig;
 use crate::subnet::{SubnetKey, nth_address};
@@ -12,22 +16,19 @@ use crate::subnet::{SubnetKey, nth_address};
 /// pods' traffic (--ip-masq); when it is false, the CNI plugin masquerades
 /// itself if asked to.
 pub fn render(config: &NetworkConfig, key: &SubnetKey, mtu: u32, ip_masq: bool) -> String {
-    let mut text = String::new();
-    let first = |net: ipnetwork::IpNetwork| format!("{}/{}", nth_address(&net, 1), net.prefix());
-    text += &format!(
-        "FLANNEL_NETWORK={}\nFLANNEL_SUBNET={}\n",
-        config.v4.network,
-        first(ipnetwork::IpNetwork::V4(key.v4))
-    );
-    if let (Some(range), Some(v6)) = (&config.v6, key.v6) {
-        text += &format!(
-            "FLANNEL_IPV6_NETWORK={}\nFLANNEL_IPV6_SUBNET={}\n",
-            range.network,
-            first(ipnetwork::IpNetwork::V6(v6))
-        );
+    let first = |net: IpNetwork| {
+        IpNetwork::new(nth_address(&net, 1), net.prefix()).expect("the same prefix")
+    };
+    let v6 = config.v6.as_ref().zip(key.v6);
+    SubnetEnv {
+        networks: vec![config.v4.network],
+        subnet: Some(first(IpNetwork::V4(key.v4))),
+        ipv6_networks: v6.iter().map(|(range, _)| range.network).collect(),
+        ipv6_subnet: v6.map(|(_, subnet)| first(IpNetwork::V6(subnet))),
+        mtu,
+        ip_masq,
     }
-    text += &format!("FLANNEL_MTU={mtu}\nFLANNEL_IPMASQ={ip_masq}\n");
-    text
+    .to_string()
 }
 
 /// Replaces `path` with `text` in one step: a reader sees the old file or

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use crate::StubError;
-use crate::testbed::{self, Binaries, Cluster, Node, TestbedError};
+use crate::testbed::{self, Binaries, Cluster, TestbedError};
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -59,17 +59,19 @@ pub fn show(ns: &str, command: &str) -> Result<(), StubError> {
     Ok(())
 }
 
-/// Pings `target` from `from`'s pod (from `source`, if given); with
-/// `tunnel`, counts the packets through that device, which should be every
-/// echo request (`true`) or none. Prints the verdict; true when it holds.
+/// Pings `target` from the pod in namespace `pod_ns` on the node in
+/// `node_ns` (from `source`, if given); with `tunnel`, counts the packets
+/// through that device of the node, which should be every echo request
+/// (`true`) or none. Prints the verdict; true when it holds.
 pub fn ping_pod(
-    from: &Node,
+    node_ns: &str,
+    pod_ns: &str,
     source: Option<IpAddr>,
     target: &str,
     tunnel: Option<(&str, bool)>,
 ) -> Result<bool, StubError> {
     let before = tunnel
-        .map(|(dev, _)| tunnel_packets(&from.ns, dev))
+        .map(|(dev, _)| tunnel_packets(node_ns, dev))
         .transpose()?;
     let family = if target.contains(':') { "-6" } else { "-4" };
     let source = source.map(|s| s.to_string());
@@ -79,11 +81,11 @@ pub fn ping_pod(
         args.extend(["-I", source]);
     }
     args.push(target);
-    let reachable = testbed::try_in(&from.pod_ns(), &args)?.status.success();
+    let reachable = testbed::try_in(pod_ns, &args)?.status.success();
     let mut path = String::new();
     let mut path_ok = true;
     if let (Some((dev, through)), Some(before)) = (tunnel, before) {
-        let sent = tunnel_packets(&from.ns, dev)?.saturating_sub(before);
+        let sent = tunnel_packets(node_ns, dev)?.saturating_sub(before);
         path_ok = if through { sent >= PINGS } else { sent < PINGS };
         path = format!(" ({sent} packets through {dev})");
         if !path_ok {
@@ -176,7 +178,7 @@ pub fn run(args: DemoArgs) -> Result<bool, StubError> {
         ("vxlan.calico", b.pod_v4()),
         ("vxlan-v6.calico", b.pod_v6()),
     ] {
-        all_ok &= ping_pod(a, None, &target, Some((dev, through)))?;
+        all_ok &= ping_pod(&a.ns, &a.pod_ns(), None, &target, Some((dev, through)))?;
     }
 
     if args.keep {

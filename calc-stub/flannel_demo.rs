@@ -1,10 +1,12 @@
 //! `calc-stub demo --flannel`: the demo's two nodes driven by etcd and
 //! calc-flannel instead of replayed views: each node leases a subnet, the
-//! leases become routes on the other node, pods ping across.
+//! leases become routes on the other node, a pod made on each node through
+//! the CNI plugins (as a container runtime would) pings the other.
 
+use std::path::Path;
 use std::time::Duration;
 
-use crate::testbed::{self, FlannelCluster};
+use crate::testbed::{self, FlannelCluster, Pod};
 
 use crate::StubError;
 use crate::demo::{DemoArgs, binaries, ping_pod, show, step};
@@ -12,6 +14,10 @@ use crate::demo::{DemoArgs, binaries, ping_pod, show, step};
 const VXLAN: &str = r#"{"Network": "10.50.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:50::/48", "Backend": {"Type": "vxlan"}}"#;
 const HOST_GW: &str = r#"{"Network": "10.50.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:50::/48", "Backend": {"Type": "host-gw"}}"#;
 const WAIT: Duration = Duration::from_secs(30);
+
+fn address(pod: &Pod, v6: bool) -> String {
+    pod.address(v6).map(|a| a.to_string()).unwrap_or_default()
+}
 
 /// Runs `future` to its end from this synchronous code on calc-stub's runtime.
 fn block_on<T>(future: impl Future<Output = T>) -> T {
@@ -27,10 +33,18 @@ pub fn run(args: &DemoArgs) -> Result<bool, StubError> {
     }
     let binaries = binaries()?;
     let calc_flannel = binaries.calc_stub.with_file_name("calc-flannel");
-    if !calc_flannel.exists() {
+    for binary in [&calc_flannel, &binaries.calc_stub.with_file_name("flannel")] {
+        if !binary.exists() {
+            return Err(StubError::Other(format!(
+                "{} not found: build every binary (cargo build --release)",
+                binary.display()
+            )));
+        }
+    }
+    if !testbed::cni::system_plugins_installed() {
         return Err(StubError::Other(format!(
-            "{} not found: build every binary (cargo build --release)",
-            calc_flannel.display()
+            "the flannel demo makes its pods with the CNI plugins in {}: apt-get install containernetworking-plugins",
+            testbed::cni::SYSTEM_PLUGINS
         )));
     }
     let config = if args.host_gw { HOST_GW } else { VXLAN };
@@ -55,21 +69,28 @@ pub fn run(args: &DemoArgs) -> Result<bool, StubError> {
             &[],
         )?;
     }
-    let mut subnets = Vec::new();
+    step(
+        "a pod on each node through the CNI plugins (flannel's conflist: flannel -> bridge + host-local, portmap)",
+    );
+    let plugin_dir = binaries.calc_stub.parent().unwrap_or(Path::new("."));
+    let mut pods = Vec::new();
     for (index, node) in (1u8..).zip(&c.cluster.nodes) {
         let s = c.subnets(index, WAIT)?;
+        let network = c.pod_network(index, plugin_dir);
+        let pod = network.add()?;
         println!(
-            "  {}: leased {} and {}; its pod gets the 10th address of each",
+            "  {}: leased {} and {}; pod {} got {} and {}",
             node.name,
             s.v4,
-            s.v6.map(|n| n.to_string()).unwrap_or_default()
+            s.v6.map(|n| n.to_string()).unwrap_or_default(),
+            pod.ns,
+            address(&pod, false),
+            address(&pod, true)
         );
-        for v6 in [false, true] {
-            if let Some(address) = s.address(v6, 10) {
-                node.add_pod_address(address)?;
-            }
-        }
-        subnets.push(s);
+        pods.push((network, pod, s));
+    }
+    for command in ["ip addr show dev eth0", "ip route", "ip -6 route"] {
+        show(&pods[0].1.ns, command)?;
     }
     let leases = block_on(async {
         c.etcd
@@ -82,7 +103,7 @@ pub fn run(args: &DemoArgs) -> Result<bool, StubError> {
     for (key, value) in leases {
         println!("  {key}\n    {value}");
     }
-    let other = subnets[1].v4.to_string();
+    let other = pods[1].2.v4.to_string();
     let a = c.cluster.node(1);
     let deadline = std::time::Instant::now() + WAIT;
     while !testbed::census::routes(&a.ns, vxmgr::model::Family::V4)?
@@ -100,7 +121,12 @@ pub fn run(args: &DemoArgs) -> Result<bool, StubError> {
     }
 
     step(&format!("kernel state vxmgr programmed on {}", a.name));
-    let mut commands = vec!["ip route show proto 80", "ip -6 route show proto 80"];
+    let mut commands = vec![
+        "ip route show proto 80",
+        "ip -6 route show proto 80",
+        "ip addr show dev cni0",
+        "bridge link",
+    ];
     if !args.host_gw {
         commands.splice(
             0..0,
@@ -126,9 +152,14 @@ pub fn run(args: &DemoArgs) -> Result<bool, StubError> {
         let device = if v6 { "flannel-v6.1" } else { "flannel.1" };
         // host-gw has no device: the pings go over the underlay.
         let tunnel = (!args.host_gw).then_some((device, true));
-        let source = subnets[0].address(v6, 10);
-        let target = subnets[1].address(v6, 10).expect("dual-stack").to_string();
-        all_ok &= ping_pod(a, source, &target, tunnel)?;
+        let (from, to) = (&pods[0].1, &pods[1].1);
+        let Some(target) = to.address(v6) else {
+            println!("  {}: no address of this family: UNREACHABLE", to.ns);
+            all_ok = false;
+            continue;
+        };
+        let target = target.to_string();
+        all_ok &= ping_pod(&a.ns, &from.ns, from.address(v6), &target, tunnel)?;
     }
     if !all_ok {
         eprintln!(
@@ -139,6 +170,8 @@ pub fn run(args: &DemoArgs) -> Result<bool, StubError> {
     if args.keep {
         let ns = a.ns.clone();
         c.keep();
+        // Their namespaces stay too.
+        std::mem::forget(pods);
         step("kept running; look around, then clean up");
         println!("  sudo ip netns exec {ns} ip route");
         println!(
@@ -152,7 +185,10 @@ pub fn run(args: &DemoArgs) -> Result<bool, StubError> {
             c.cluster.prefix
         );
     } else {
-        step("tearing down");
+        step("deleting the pods through the CNI plugins, tearing down");
+        for (network, pod, _) in pods {
+            network.del(pod)?;
+        }
     }
     Ok(all_ok)
 }

@@ -13,4 +13,5 @@ pub mod metrics;
 pub mod model;
 pub mod reconciler;
 pub mod server;
+pub mod subnet_env;
 pub mod wire;

@@ -8,10 +8,11 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use support::cni;
 use support::flannel::{block_on, can_run, cluster};
 use support::kube::kube_available;
 use support::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
-use support::testbed::{self, FlannelCluster, Monitor, census};
+use support::testbed::{self, FlannelCluster, Monitor, Pod, census};
 use vxmgr::model::Family;
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -85,20 +86,30 @@ fn start(c: &mut FlannelCluster, extra: &[&[&str]]) {
     }
 }
 
-/// Every node's subnets, once its agent has written them; each node's pod
-/// gets the 10th address of its subnets.
-fn subnets_and_pods(c: &FlannelCluster) -> Vec<Subnets> {
-    let all: Vec<Subnets> = (1..=c.cluster.nodes.len() as u8)
+/// Every node's subnets, once its agent has written them.
+fn subnets(c: &FlannelCluster) -> Vec<Subnets> {
+    (1..=c.cluster.nodes.len() as u8)
         .map(|i| c.subnets(i, WAIT).unwrap())
-        .collect();
-    for (node, s) in c.cluster.nodes.iter().zip(&all) {
-        for v6 in [false, true] {
-            if let Some(address) = s.address(v6, 10) {
-                node.add_pod_address(address).unwrap();
+        .collect()
+}
+
+/// Every node's subnets, and a pod on each node made through the CNI
+/// plugins with flannel's conflist, addressed in its node's subnet.
+fn subnets_and_pods(c: &FlannelCluster) -> (Vec<Subnets>, Vec<Pod>) {
+    let subnets = subnets(c);
+    let pods = (1u8..)
+        .zip(&subnets)
+        .map(|(i, s)| {
+            let pod = c.pod_network(i, cni::plugin_dir()).add().unwrap();
+            let address = pod.address(false).expect("an IPv4 address");
+            assert!(s.v4.contains(address), "{address} in {}", s.v4);
+            if let (Some(v6), Some(address)) = (s.v6, pod.address(true)) {
+                assert!(v6.contains(address), "{address} in {v6}");
             }
-        }
-    }
-    all
+            pod
+        })
+        .collect();
+    (subnets, pods)
 }
 
 fn routes(ns: &str, family: Family) -> BTreeSet<String> {
@@ -143,31 +154,26 @@ fn tx_packets(ns: &str, dev: &str) -> u64 {
         .expect("tx packets")
 }
 
-/// Pings `to` from `from`'s pod, from the pod's address in `from`'s subnet.
-fn ping(c: &FlannelCluster, from: u8, source: std::net::IpAddr, to: std::net::IpAddr) -> bool {
-    let (source, to) = (source.to_string(), to.to_string());
-    let family = if to.contains(':') { "-6" } else { "-4" };
+/// Pings `to`'s address of the family from pod `from`, from its own.
+fn ping(from: &Pod, to: &Pod, v6: bool) -> bool {
+    let (source, target) = (from.address(v6).unwrap(), to.address(v6).unwrap());
+    let (source, target) = (source.to_string(), target.to_string());
+    let family = if v6 { "-6" } else { "-4" };
     let args = [
-        "ping", family, "-c", "3", "-i", "0.2", "-W", "2", "-I", &source, &to,
+        "ping", family, "-c", "3", "-i", "0.2", "-W", "2", "-I", &source, &target,
     ];
-    testbed::try_in(&c.cluster.node(from).pod_ns(), &args)
-        .unwrap()
-        .status
-        .success()
+    testbed::try_in(&from.ns, &args).unwrap().status.success()
 }
 
 /// Each node's pod pings the next node's, over IPv4 and IPv6.
-fn pods_ping_around(c: &FlannelCluster, subnets: &[Subnets]) {
+fn pods_ping_around(pods: &[Pod]) {
     for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
-        let (a, b) = (
-            &subnets[usize::from(from) - 1],
-            &subnets[usize::from(to) - 1],
-        );
+        let (a, b) = (&pods[usize::from(from) - 1], &pods[usize::from(to) - 1]);
         for v6 in [false, true] {
-            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
             assert!(
-                ping(c, from, source, target),
-                "ping {target} from node-{from}'s pod"
+                ping(a, b, v6),
+                "ping {:?} from node-{from}'s pod",
+                b.address(v6)
             );
         }
     }
@@ -189,7 +195,7 @@ fn vxlan_nodes_lease_subnets_and_pods_ping_over_ipv4_and_ipv6() {
     }
     // Room for exactly three subnets: the three agents contend for them.
     block_on(c.set_config(VXLAN_DUAL_STACK)).unwrap();
-    let subnets = subnets_and_pods(&c);
+    let (subnets, pods) = subnets_and_pods(&c);
     let v4: BTreeSet<String> = subnets.iter().map(|s| s.v4.to_string()).collect();
     assert_eq!(
         v4,
@@ -243,17 +249,14 @@ fn vxlan_nodes_lease_subnets_and_pods_ping_over_ipv4_and_ipv6() {
 
     // Pod to pod, both ways, IPv4 and IPv6, through the tunnel.
     for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
-        let (a, b) = (
-            &subnets[usize::from(from) - 1],
-            &subnets[usize::from(to) - 1],
-        );
+        let (a, b) = (&pods[usize::from(from) - 1], &pods[usize::from(to) - 1]);
         for (v6, dev) in [(false, "flannel.1"), (true, "flannel-v6.1")] {
             let ns = &c.cluster.node(from).ns;
             let sent = tx_packets(ns, dev);
-            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
             assert!(
-                ping(&c, from, source, target),
-                "ping {target} from node-{from}'s pod"
+                ping(a, b, v6),
+                "ping {:?} from node-{from}'s pod",
+                b.address(v6)
             );
             assert!(
                 tx_packets(ns, dev) >= sent + 3,
@@ -326,7 +329,7 @@ fn nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6() {
         c.start_agent(i, &args, &[("NODE_NAME", &format!("node-{i}"))])
             .unwrap();
     }
-    let subnets = subnets_and_pods(&c);
+    let (subnets, pods) = subnets_and_pods(&c);
     for (i, s) in subnets.iter().enumerate() {
         let n = i + 1;
         assert_eq!(
@@ -351,7 +354,7 @@ fn nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6() {
     }
 
     // Pod to pod, IPv4 and IPv6, through the tunnels.
-    pods_ping_around(&c, &subnets);
+    pods_ping_around(&pods);
 
     // A Node deleted: the others drop its routes.
     kube.kubectl(&["delete", "node", "node-3"]).unwrap();
@@ -385,7 +388,7 @@ fn an_expired_lease_goes_and_a_restarted_agent_keeps_its_subnet_and_every_route(
             ],
         ],
     );
-    let subnets = subnets_and_pods(&c);
+    let subnets = subnets(&c);
     for ns in [&c.cluster.node(1).ns, &c.cluster.node(2).ns] {
         wait_route(ns, &subnets[2].v4.to_string(), true);
     }
@@ -437,7 +440,7 @@ fn an_etcd_outage_loses_nothing() {
     let mut c = cluster(2);
     block_on(c.set_config(VXLAN_V4)).unwrap();
     start(&mut c, &[]);
-    let subnets = subnets_and_pods(&c);
+    let (subnets, pods) = subnets_and_pods(&c);
     let (ns1, ns2) = (c.cluster.node(1).ns.clone(), c.cluster.node(2).ns.clone());
     wait_route(&ns1, &subnets[1].v4.to_string(), true);
     wait_route(&ns2, &subnets[0].v4.to_string(), true);
@@ -453,11 +456,10 @@ fn an_etcd_outage_loses_nothing() {
         before,
         "etcd down: the dataplane stays"
     );
-    let (a, b) = (
-        subnets[0].address(false, 10).unwrap(),
-        subnets[1].address(false, 10).unwrap(),
+    assert!(
+        ping(&pods[0], &pods[1], false),
+        "pods still reach each other"
     );
-    assert!(ping(&c, 1, a, b), "pods still reach each other");
 
     c.etcd.start_again().unwrap();
     for i in [1, 2] {
@@ -489,7 +491,7 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
     let mut c = cluster(3);
     block_on(c.set_config(HOST_GW_DUAL_STACK)).unwrap();
     start(&mut c, &[]);
-    let subnets = subnets_and_pods(&c);
+    let (subnets, pods) = subnets_and_pods(&c);
     for (i, node) in c.cluster.nodes.iter().enumerate() {
         for (j, s) in subnets.iter().enumerate() {
             if i == j {
@@ -518,7 +520,7 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
             );
         }
     }
-    pods_ping_around(&c, &subnets);
+    pods_ping_around(&pods);
 
     // A node off this segment is reported, not routed; bad leases are
     // skipped with a warning naming them; every good route stays.

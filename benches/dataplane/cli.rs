@@ -20,6 +20,10 @@ pub enum Scenario {
     /// calc-flannel + vxmgrd on three nodes and a real etcd: N leases to
     /// every kernel, cold, in bursts and one at a time (root, etcd).
     Flannel,
+    /// Pods added and deleted on a node through the CNI plugins (our
+    /// flannel plugin, bridge, host-local, portmap): time per ADD and DEL
+    /// (root, the system's CNI plugins).
+    Cni,
 }
 
 impl Scenario {
@@ -32,6 +36,7 @@ impl Scenario {
                 | Scenario::Resync
                 | Scenario::Soak
                 | Scenario::Flannel
+                | Scenario::Cni
         )
     }
 }
@@ -97,6 +102,9 @@ pub struct Cli {
     /// Leases added one at a time in flannel [default: 50; --quick: 10].
     #[arg(long)]
     pub flannel_single: Option<u32>,
+    /// Pods added and deleted in cni [default: 100; --quick: 20].
+    #[arg(long)]
+    pub cni_pods: Option<u32>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub bench: bool,
@@ -117,6 +125,7 @@ pub struct Settings {
     pub soak_duration: std::time::Duration,
     pub flannel_sizes: Vec<u32>,
     pub flannel_single: u32,
+    pub cni_pods: u32,
 }
 
 impl Cli {
@@ -161,6 +170,7 @@ impl Cli {
                 vec![1000, 10_000]
             }),
             flannel_single: pick(self.flannel_single, 50, 10),
+            cni_pods: pick(self.cni_pods, 100, 20),
         }
     }
 }

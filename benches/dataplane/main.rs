@@ -9,6 +9,7 @@ mod alloc;
 mod churn;
 mod cli;
 mod cluster;
+mod cni;
 mod cold;
 mod daemon;
 mod flannel;
@@ -76,6 +77,7 @@ fn main() -> ExitCode {
             Scenario::Rss => rss::run(&bench),
             Scenario::Soak => soak::run(&bench),
             Scenario::Flannel => flannel::run(&bench),
+            Scenario::Cni => cni::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(

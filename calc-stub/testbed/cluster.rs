@@ -70,25 +70,6 @@ impl Node {
         format!("{}p", self.ns)
     }
 
-    /// Gives the node's pod one more address (routed to it like the first),
-    /// e.g. one in the subnet a flannel lease gave the node.
-    pub fn add_pod_address(&self, address: std::net::IpAddr) -> Result<()> {
-        let (family, host, nodad) = if address.is_ipv4() {
-            ("-4", 32, "")
-        } else {
-            ("-6", 128, "nodad")
-        };
-        sh(
-            &self.pod_ns(),
-            &format!("ip {family} addr add {address}/{host} dev eth0 {nodad}"),
-        )?;
-        sh(
-            &self.ns,
-            &format!("ip {family} route add {address}/{host} dev cali0"),
-        )?;
-        Ok(())
-    }
-
     pub fn mac(&self, v6: bool) -> String {
         let family = if v6 { "bb" } else { "aa" };
         format!("66:{family}:00:00:00:{:02x}", self.index)

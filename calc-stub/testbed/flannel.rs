@@ -3,16 +3,16 @@
 //! mode, a kube-apiserver on the underlay too (192.168.10.253).
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use ipnetwork::IpNetwork;
+use vxmgr::subnet_env::SubnetEnv;
 
 use super::etcd::EtcdServer;
 use super::kube::{Authorization, KubeApiServer};
-use super::{Binaries, Cluster, Result, TestbedError, sh};
+use super::{Binaries, Cluster, PodNetwork, Result, TestbedError, sh};
 
 /// Where etcd listens, on the underlay bridge.
 pub const ETCD_ADDRESS: &str = "192.168.10.254";
@@ -40,17 +40,6 @@ pub struct FlannelCluster {
 pub struct Subnets {
     pub v4: IpNetwork,
     pub v6: Option<IpNetwork>,
-}
-
-impl Subnets {
-    /// The `n`th address of the subnet of `v4` (or IPv6).
-    pub fn address(&self, v6: bool, n: u32) -> Option<IpAddr> {
-        let net = if v6 { self.v6? } else { self.v4 };
-        Some(match net.network() {
-            IpAddr::V4(a) => IpAddr::V4((u32::from(a) + n).into()),
-            IpAddr::V6(a) => IpAddr::V6((u128::from(a) + u128::from(n)).into()),
-        })
-    }
 }
 
 impl FlannelCluster {
@@ -120,6 +109,14 @@ impl FlannelCluster {
 
     pub fn subnet_file(&self, index: u8) -> PathBuf {
         self.cluster.dir.join(format!("node-{index}.subnet.env"))
+    }
+
+    /// Node `index`'s pod network: flannel's conflist reading the node's
+    /// subnet file, our `flannel` plugin from `plugin_dir`.
+    pub fn pod_network(&self, index: u8, plugin_dir: &Path) -> PodNetwork {
+        let node = self.cluster.node(index);
+        let data = self.cluster.dir.join(format!("node-{index}.cni"));
+        PodNetwork::kube_flannel(node, &self.subnet_file(index), &data, plugin_dir)
     }
 
     pub fn agent_log_path(&self, index: u8) -> PathBuf {
@@ -196,19 +193,18 @@ impl FlannelCluster {
             || std::fs::read_to_string(&path).ok(),
             index,
         )?;
-        let field = |name: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
-                .and_then(|v| v.parse::<IpNetwork>().ok())
-                .map(|n| IpNetwork::new(n.network(), n.prefix()).expect("same prefix"))
-        };
-        let v4 = field("FLANNEL_SUBNET").ok_or_else(|| TestbedError::Output {
+        let env: SubnetEnv = text.parse().map_err(|e| TestbedError::Output {
+            command: path.display().to_string(),
+            reason: format!("{e} in {text:?}"),
+        })?;
+        let masked = |n: IpNetwork| IpNetwork::new(n.network(), n.prefix()).expect("same prefix");
+        let v4 = env.subnet.map(masked).ok_or_else(|| TestbedError::Output {
             command: path.display().to_string(),
             reason: format!("no FLANNEL_SUBNET in {text:?}"),
         })?;
         Ok(Subnets {
             v4,
-            v6: field("FLANNEL_IPV6_SUBNET"),
+            v6: env.ipv6_subnet.map(masked),
         })
     }
 

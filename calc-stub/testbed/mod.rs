@@ -9,6 +9,7 @@
 pub mod census;
 pub mod churn;
 mod cluster;
+pub mod cni;
 pub mod etcd;
 pub mod flannel;
 pub mod kube;
@@ -20,6 +21,7 @@ use std::process::{Command, Output};
 pub use census::Census;
 pub use churn::Churn;
 pub use cluster::{Binaries, Cluster, Node, pool};
+pub use cni::{Pod, PodNetwork};
 pub use flannel::FlannelCluster;
 pub use monitor::Monitor;
 

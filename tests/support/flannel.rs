@@ -1,6 +1,7 @@
-//! flannel-mode tests' policy: they need root and the etcd binary; they
-//! skip without them, unless required (`VXMGR_REQUIRE_NETNS=1`,
-//! `VXMGR_REQUIRE_ETCD=1`), and the cluster with this build's binaries.
+//! flannel-mode tests' policy: they need root, the etcd binary and the CNI
+//! plugins; they skip without them, unless required
+//! (`VXMGR_REQUIRE_NETNS=1`, `VXMGR_REQUIRE_ETCD=1`, `VXMGR_REQUIRE_CNI=1`),
+//! and the cluster with this build's binaries.
 
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -8,6 +9,7 @@ use std::time::{Duration, Instant};
 use super::Daemon;
 use super::testbed::{FlannelCluster, etcd};
 
+use super::cni;
 use super::netns::{binaries, can_run as netns_can_run};
 use super::say;
 
@@ -36,9 +38,10 @@ pub fn etcd_available(test: &str) -> bool {
     false
 }
 
-/// Whether a flannel namespace test can run (root and etcd).
+/// Whether a flannel namespace test can run (root, etcd, and the CNI
+/// plugins that make its pods).
 pub fn can_run(test: &str) -> bool {
-    netns_can_run(test) && etcd_available(test)
+    netns_can_run(test) && etcd_available(test) && cni::plugins_available(test)
 }
 
 /// Runs `future` on a runtime of its own, from a synchronous test.

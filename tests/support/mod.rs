@@ -329,6 +329,7 @@ pub fn say(message: &str) {
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
+pub mod cni;
 pub mod felix;
 pub mod flannel;
 pub mod kube;
