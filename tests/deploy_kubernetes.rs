@@ -212,7 +212,10 @@ fn the_daemonset_names_objects_that_exist() {
     let selector = &daemonset["spec"]["selector"]["matchLabels"];
     let labels = &daemonset["spec"]["template"]["metadata"]["labels"];
     for (key, value) in selector.as_object().expect("matchLabels") {
-        assert_eq!(&labels[key], value, "the pod template has the selector's {key}");
+        assert_eq!(
+            &labels[key], value,
+            "the pod template has the selector's {key}"
+        );
     }
 
     // Each configMap volume's keys exist, and every file a container names
@@ -226,14 +229,20 @@ fn the_daemonset_names_objects_that_exist() {
         let mut paths = BTreeSet::new();
         for item in items {
             let key = str_of(&item["key"], "an item's key");
-            assert!(data[key].is_string(), "ConfigMap {map_name} has no key {key}");
+            assert!(
+                data[key].is_string(),
+                "ConfigMap {map_name} has no key {key}"
+            );
             paths.insert(str_of(&item["path"], "an item's path"));
         }
         for container in containers(&objects) {
             let mounts = container["volumeMounts"].as_array().into_iter().flatten();
             for mount in mounts.filter(|m| m["name"] == volume["name"]) {
                 let dir = format!("{}/", str_of(&mount["mountPath"], "mountPath"));
-                for word in command_line(container).iter().flat_map(|a| a.split([' ', '=', '\n'])) {
+                for word in command_line(container)
+                    .iter()
+                    .flat_map(|a| a.split([' ', '=', '\n']))
+                {
                     if let Some(file) = word.strip_prefix(&dir) {
                         assert!(
                             paths.contains(file),
@@ -246,13 +255,16 @@ fn the_daemonset_names_objects_that_exist() {
             }
         }
     }
-    assert!(checked >= 2, "the CNI conflist and net-conf.json are read from the ConfigMap");
+    assert!(
+        checked >= 2,
+        "the CNI conflist and net-conf.json are read from the ConfigMap"
+    );
 
     // Every volume a container mounts is declared.
-    let declared: BTreeSet<&Value> = volumes.iter().map(|v| &v["name"]).collect();
     for container in containers(&objects) {
         for mount in container["volumeMounts"].as_array().into_iter().flatten() {
-            assert!(declared.contains(&mount["name"]), "{}: {mount}", container["name"]);
+            let declared = volumes.iter().any(|v| v["name"] == mount["name"]);
+            assert!(declared, "{}: {mount}", container["name"]);
         }
     }
 }
@@ -289,15 +301,26 @@ fn the_image_holds_the_binaries_the_daemonset_runs() {
     let copied = image_binaries();
     assert!(!copied.is_empty(), "deploy/Containerfile copies no binary");
     for name in &copied {
-        assert!(bins.contains(name), "the image's {name} is no [[bin]] of Cargo.toml {bins:?}");
+        assert!(
+            bins.contains(name),
+            "the image's {name} is no [[bin]] of Cargo.toml {bins:?}"
+        );
     }
-    assert_eq!(staged_binaries(), copied, "build-image stages what the Containerfile copies");
+    assert_eq!(
+        staged_binaries(),
+        copied,
+        "build-image stages what the Containerfile copies"
+    );
 
     let mut images = BTreeSet::new();
     for container in containers(&objects) {
         images.insert(str_of(&container["image"], "image"));
         for name in binaries_named(container) {
-            assert!(copied.contains(&name), "{} runs {name}, not in the image", container["name"]);
+            assert!(
+                copied.contains(&name),
+                "{} runs {name}, not in the image",
+                container["name"]
+            );
         }
     }
     assert_eq!(images.len(), 1, "one image for all containers: {images:?}");
@@ -323,7 +346,11 @@ fn every_flag_the_daemonset_passes_is_one_the_binary_takes() {
             .arg("--help")
             .output()
             .unwrap_or_else(|e| panic!("{bin} --help: {e}"));
-        assert!(output.status.success(), "{bin} --help: {}", support::stderr(&output));
+        assert!(
+            output.status.success(),
+            "{bin} --help: {}",
+            support::stderr(&output)
+        );
         let help = String::from_utf8_lossy(&output.stdout);
         let offered: BTreeSet<&str> = help
             .split(|c: char| c.is_whitespace() || c == ',' || c == '=' || c == '[' || c == '<')
@@ -331,7 +358,10 @@ fn every_flag_the_daemonset_passes_is_one_the_binary_takes() {
             .collect();
         for arg in &line[1..] {
             let name = arg.split('=').next().unwrap();
-            assert!(name.starts_with("--"), "{bin}: pass flags as --name=value: {arg}");
+            assert!(
+                name.starts_with("--"),
+                "{bin}: pass flags as --name=value: {arg}"
+            );
             assert!(offered.contains(name), "{bin} has no {name}:\n{help}");
             checked += 1;
         }
@@ -414,7 +444,11 @@ const NEEDED: [(&str, &str); 5] = [
 fn grants(role: &Value) -> BTreeSet<(String, String)> {
     let mut grants = BTreeSet::new();
     for rule in role["rules"].as_array().expect("rules") {
-        assert_eq!(rule["apiGroups"], json!([""]), "only the core group: {rule}");
+        assert_eq!(
+            rule["apiGroups"],
+            json!([""]),
+            "only the core group: {rule}"
+        );
         for resource in rule["resources"].as_array().expect("resources") {
             for verb in rule["verbs"].as_array().expect("verbs") {
                 grants.insert((
@@ -458,7 +492,9 @@ impl Cluster {
             .expect("the API server starts");
         let objects = objects();
         for file in ["00-namespace.yaml", "10-rbac.yaml"] {
-            server.kubectl(&["apply", "-f", &manifest(file)]).expect(file);
+            server
+                .kubectl(&["apply", "-f", &manifest(file)])
+                .expect(file);
         }
         let account = find(&objects, "ServiceAccount", None);
         let token = server
@@ -491,10 +527,13 @@ impl Cluster {
             None => (resource, None),
         };
         let mut command = Command::new(kubectl_binary().unwrap());
-        command
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(["auth", "can-i", verb, resource, "--all-namespaces"]);
+        command.arg("--kubeconfig").arg(&self.kubeconfig).args([
+            "auth",
+            "can-i",
+            verb,
+            resource,
+            "--all-namespaces",
+        ]);
         if let Some(subresource) = subresource {
             command.arg(format!("--subresource={subresource}"));
         }
@@ -516,7 +555,12 @@ impl Cluster {
         let mut role = find(&self.objects, "ClusterRole", None).clone();
         if let Some((resource, verb)) = taken {
             for rule in role["rules"].as_array_mut().unwrap() {
-                if rule["resources"].as_array().unwrap().iter().any(|r| r == resource) {
+                if rule["resources"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|r| r == resource)
+                {
                     rule["verbs"].as_array_mut().unwrap().retain(|v| v != verb);
                 }
             }
@@ -566,7 +610,10 @@ fn the_api_server_accepts_every_manifest() {
                     && rest.ends_with("(server dry run)")
             })
         });
-        assert!(reported, "{file}: {kind} {name} not in kubectl's answer:\n{output}");
+        assert!(
+            reported,
+            "{file}: {kind} {name} not in kubectl's answer:\n{output}"
+        );
     }
     // A dry run leaves nothing behind.
     let daemonsets = server
@@ -638,7 +685,11 @@ impl CalcFlannel {
         let dir = cluster.dir.path();
         let net_conf = dir.join("net-conf.json");
         let map = find(&cluster.objects, "ConfigMap", None);
-        std::fs::write(&net_conf, str_of(&map["data"]["net-conf.json"], "net-conf.json")).unwrap();
+        std::fs::write(
+            &net_conf,
+            str_of(&map["data"]["net-conf.json"], "net-conf.json"),
+        )
+        .unwrap();
         let container = container(&cluster.objects, "calc-flannel");
         let ours = |arg: &str| match arg.split_once('=') {
             Some(("--net-config-path", _)) => format!("--net-config-path={}", net_conf.display()),
@@ -646,12 +697,21 @@ impl CalcFlannel {
             Some(("--healthz-port", _)) => "--healthz-port=0".to_string(),
             _ => arg.to_string(),
         };
-        let args: Vec<String> = command_line(container)[1..].iter().map(|a| ours(a)).collect();
+        let args: Vec<String> = command_line(container)[1..]
+            .iter()
+            .map(|a| ours(a))
+            .collect();
         let log = dir.join(format!("calc-flannel-{run}.log"));
         let child = Command::new(built("calc-flannel"))
             .args(&args)
-            .arg(format!("--kubeconfig-file={}", cluster.kubeconfig.display()))
-            .arg(format!("--subnet-file={}", dir.join("subnet.env").display()))
+            .arg(format!(
+                "--kubeconfig-file={}",
+                cluster.kubeconfig.display()
+            ))
+            .arg(format!(
+                "--subnet-file={}",
+                dir.join("subnet.env").display()
+            ))
             .env_remove("NODE_NAME")
             .env_remove("POD_NAME")
             .env_remove("POD_NAMESPACE")
@@ -678,9 +738,12 @@ impl Drop for CalcFlannel {
 
 /// The Node's annotations.
 fn annotations(server: &KubeApiServer, name: &str) -> BTreeMap<String, String> {
-    let node: Value =
-        serde_json::from_str(&server.kubectl(&["get", "node", name, "-o", "json"]).unwrap())
-            .unwrap();
+    let node: Value = serde_json::from_str(
+        &server
+            .kubectl(&["get", "node", name, "-o", "json"])
+            .unwrap(),
+    )
+    .unwrap();
     serde_json::from_value(node["metadata"]["annotations"].clone()).unwrap_or_default()
 }
 
@@ -694,7 +757,11 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
     let server = &cluster.server;
     for node in [
         node("node-a", "10.244.0.0/24", None),
-        node("node-b", "10.244.1.0/24", Some(("192.0.2.2", "66:aa:00:00:00:02"))),
+        node(
+            "node-b",
+            "10.244.1.0/24",
+            Some(("192.0.2.2", "66:aa:00:00:00:02")),
+        ),
     ] {
         server
             .kubectl_stdin(&["apply", "-f", "-"], &node.to_string())
@@ -734,9 +801,10 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
             let state = runtime.block_on(daemon.state());
             state.ipv4.is_some_and(|v4| {
                 v4.tunnel_routes.iter().any(|r| r.dst == "10.244.1.0/24")
-                    && v4.remote_vteps.iter().any(|v| {
-                        v.mac == "66:aa:00:00:00:02" && v.parent_address == "192.0.2.2"
-                    })
+                    && v4
+                        .remote_vteps
+                        .iter()
+                        .any(|v| v.mac == "66:aa:00:00:00:02" && v.parent_address == "192.0.2.2")
             })
         });
         assert!(!calc.log().contains("orbidden"), "{}", calc.log());
@@ -746,7 +814,10 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
     for (resource, verb) in NEEDED {
         cluster.apply_role_without(Some((resource, verb)));
         let env: &[(&str, &str)] = if resource == "pods" {
-            &[("POD_NAME", "vxmgr-flannel-test"), ("POD_NAMESPACE", &namespace)]
+            &[
+                ("POD_NAME", "vxmgr-flannel-test"),
+                ("POD_NAMESPACE", &namespace),
+            ]
         } else {
             &[("NODE_NAME", "node-a")]
         };
@@ -759,4 +830,224 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
         drop(calc);
         cluster.apply_role_without(None);
     }
+}
+
+/// The image to check, named by VXMGR_IMAGE (deploy/build-image's); a test
+/// without it skips, unless VXMGR_REQUIRE_IMAGE is 1 or true.
+fn image_under_test(test: &str) -> Option<String> {
+    if let Some(image) = std::env::var("VXMGR_IMAGE").ok().filter(|i| !i.is_empty()) {
+        return Some(image);
+    }
+    let required = std::env::var("VXMGR_REQUIRE_IMAGE").is_ok_and(|v| v == "1" || v == "true");
+    assert!(
+        !required,
+        "{test}: VXMGR_REQUIRE_IMAGE is set but VXMGR_IMAGE is not"
+    );
+    support::say(&format!(
+        "SKIPPED {test}: needs VXMGR_IMAGE=<an image made by deploy/build-image> and podman \
+         (VXMGR_REQUIRE_IMAGE=1 makes this a failure)"
+    ));
+    None
+}
+
+/// `podman run --rm <args>`: its output, which must be a success.
+fn podman_run(args: &[&str]) -> String {
+    let output = Command::new("podman")
+        .args(["run", "--rm"])
+        .args(args)
+        .output()
+        .expect("podman runs (apt-get install podman)");
+    assert!(
+        output.status.success(),
+        "podman run {}: {}\n{}",
+        args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        support::stderr(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn the_image_runs_the_binaries_and_holds_the_tools_vxmgrd_calls() {
+    let Some(image) =
+        image_under_test("the_image_runs_the_binaries_and_holds_the_tools_vxmgrd_calls")
+    else {
+        return;
+    };
+    let objects = objects();
+    for name in ["vxmgrd", "calc-flannel", "calc-stub"] {
+        let version = podman_run(&[&image, name, "--version"]);
+        assert!(version.starts_with(name), "{name} --version: {version}");
+    }
+    // The CNI plugin speaks the conflist's CNI version.
+    let conflist: Value = serde_json::from_str(str_of(
+        &find(&objects, "ConfigMap", None)["data"]["cni-conf.json"],
+        "cni-conf.json",
+    ))
+    .unwrap();
+    let answer: Value = serde_json::from_str(&podman_run(&[
+        "--env=CNI_COMMAND=VERSION",
+        &image,
+        "/usr/local/bin/flannel",
+    ]))
+    .expect("the plugin answers VERSION with JSON");
+    assert!(
+        answer["supportedVersions"]
+            .as_array()
+            .is_some_and(|v| v.contains(&conflist["cniVersion"])),
+        "{answer}"
+    );
+    let tools = "ipset nft iptables-nft-save iptables-nft-restore iptables-legacy-save \
+                 iptables-legacy-restore ip6tables-nft-save ip6tables-nft-restore \
+                 ip6tables-legacy-save ip6tables-legacy-restore ip sh cp mv";
+    podman_run(&[
+        &image,
+        "sh",
+        "-ec",
+        &format!("for t in {tools}; do command -v $t; done"),
+    ]);
+}
+
+#[test]
+fn the_init_container_installs_the_plugin_and_the_conflist() {
+    let Some(image) = image_under_test("the_init_container_installs_the_plugin_and_the_conflist")
+    else {
+        return;
+    };
+    let objects = objects();
+    let init = container(&objects, "install-cni");
+    let dir = tempfile::tempdir().unwrap();
+    // The host paths and the ConfigMap, mounted where the DaemonSet mounts them.
+    let volumes = pod_spec(&objects)["volumes"].as_array().unwrap();
+    let mut mounts = Vec::new();
+    for mount in init["volumeMounts"].as_array().unwrap() {
+        let name = str_of(&mount["name"], "volume name");
+        let source = dir.path().join(name);
+        std::fs::create_dir(&source).unwrap();
+        let volume = volumes.iter().find(|v| v["name"] == name).unwrap();
+        if let Some(map) = volume["configMap"]["name"].as_str() {
+            let data = &find(&objects, "ConfigMap", Some(map))["data"];
+            for item in volume["configMap"]["items"].as_array().unwrap() {
+                let text = str_of(&data[str_of(&item["key"], "key")], "ConfigMap value");
+                std::fs::write(source.join(str_of(&item["path"], "path")), text).unwrap();
+            }
+        }
+        mounts.push(format!(
+            "--volume={}:{}",
+            source.display(),
+            str_of(&mount["mountPath"], "mountPath")
+        ));
+    }
+    let line = command_line(init);
+    let mut args: Vec<&str> = mounts.iter().map(String::as_str).collect();
+    args.extend(["--cap-drop=all", "--entrypoint", line[0], &image]);
+    args.extend(&line[1..]);
+    podman_run(&args);
+
+    let conflist = std::fs::read_to_string(dir.path().join("cni/10-flannel.conflist")).unwrap();
+    assert_eq!(
+        conflist,
+        str_of(
+            &find(&objects, "ConfigMap", None)["data"]["cni-conf.json"],
+            "cni-conf.json"
+        )
+    );
+    let plugin = std::fs::read(dir.path().join("cni-plugin/flannel")).unwrap();
+    let in_image = Command::new("podman")
+        .args(["run", "--rm", &image, "cat", "/usr/local/bin/flannel"])
+        .output()
+        .unwrap()
+        .stdout;
+    assert!(plugin == in_image, "the installed plugin is the image's");
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("cni-plugin"))
+        .unwrap()
+        .chain(std::fs::read_dir(dir.path().join("cni")).unwrap())
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "no temporary file left: {left:?}");
+}
+
+/// vxmgrd as the DaemonSet runs it (its arguments, a read-only root, only
+/// the DaemonSet's capabilities) in a network namespace of its own with a
+/// veth as the underlay: a two-node view with a masquerading pool applies
+/// cleanly, through the image's ipset, nft and iptables.
+#[test]
+fn vxmgrd_programs_the_kernel_in_the_image_with_the_daemonsets_privileges() {
+    let Some(image) =
+        image_under_test("vxmgrd_programs_the_kernel_in_the_image_with_the_daemonsets_privileges")
+    else {
+        return;
+    };
+    let objects = objects();
+    let vxmgrd = container(&objects, "vxmgrd");
+    let capabilities = vxmgrd["securityContext"]["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| str_of(c, "capability"))
+        .collect::<Vec<_>>()
+        .join(",");
+    assert_eq!(
+        vxmgrd["securityContext"]["readOnlyRootFilesystem"], true,
+        "the test runs vxmgrd on a read-only root as the DaemonSet does"
+    );
+    let daemon: Vec<String> = command_line(vxmgrd)
+        .iter()
+        .map(|a| a.replace("$(NODE_NAME)", "node-a"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut view = std::fs::read_to_string(repo().join("tests/replays/two-nodes.jsonl")).unwrap();
+    view = view.replace(
+        "{\"inSync\": {}}",
+        "{\"ipamPoolUpdate\": {\"id\": \"net\", \"pool\": {\"cidr\": \"10.244.0.0/16\", \
+         \"masquerade\": true, \"vxlanMode\": \"Always\"}}}\n{\"inSync\": {}}",
+    );
+    std::fs::write(dir.path().join("view.jsonl"), view).unwrap();
+    let socket = flag(vxmgrd, "--socket");
+    let script = format!(
+        "ip link add eth0 type veth peer name eth1
+         ip addr add 192.168.10.1/24 dev eth0
+         ip link set eth0 up; ip link set eth1 up
+         {daemon} 2>/view/vxmgrd.log &
+         for i in $(seq 300); do [ -S {socket} ] && break; sleep 0.1; done
+         calc-stub replay --socket {socket} --timeout 60s /view/view.jsonl
+         ip -d link show vxlan.calico; ip route; ipset list cali40all-vxlan-net
+         nft list table inet vxmgr
+         iptables-legacy-save -t filter; iptables-nft-save -t filter",
+        daemon = daemon.join(" "),
+    );
+    let output = Command::new("podman")
+        .args([
+            "run",
+            "--rm",
+            "--network=none",
+            "--read-only",
+            "--cap-drop=all",
+        ])
+        .arg(format!("--cap-add={capabilities}"))
+        .arg(format!("--volume={}:/view", dir.path().display()))
+        .args([&image, "sh", "-ec", &script])
+        .output()
+        .expect("podman runs");
+    let log = std::fs::read_to_string(dir.path().join("vxmgrd.log")).unwrap_or_default();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}\nvxmgrd:\n{log}",
+        support::stderr(&output)
+    );
+    for shown in [
+        "vxlan id 4096",
+        "10.244.1.0/26 via 10.244.1.0 dev vxlan.calico",
+        "blackhole 10.244.0.0/26 proto 80",
+        "192.168.10.2",
+        "masquerade",
+        "-A FORWARD -j VXMGR-FORWARD",
+    ] {
+        assert!(
+            stdout.contains(shown),
+            "{shown:?} not in:\n{stdout}\nvxmgrd:\n{log}"
+        );
+    }
+    assert!(!log.contains("ERROR"), "{log}");
 }
