@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tonic::transport::Channel;
 
-use super::{Result, TestbedError};
+use super::{Result, TestbedError, free_port};
 use vxmgr::wire::etcd::{
     DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, kv_client::KvClient,
     request_op,
@@ -210,12 +210,6 @@ impl Drop for EtcdServer {
             let _ = child.wait();
         }
     }
-}
-
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// Writes and reads as another node or an operator would.

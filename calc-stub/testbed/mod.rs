@@ -11,6 +11,7 @@ pub mod churn;
 mod cluster;
 pub mod etcd;
 pub mod flannel;
+pub mod kube;
 mod monitor;
 
 use std::io;
@@ -83,6 +84,13 @@ pub fn try_run(args: &[&str]) -> Result<Output> {
             command: describe(args),
             source,
         })
+}
+
+/// A TCP port free on this namespace's loopback now.
+pub fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
 }
 
 fn in_ns<'a>(ns: &'a str, args: &[&'a str]) -> Vec<&'a str> {

@@ -312,6 +312,7 @@ pub fn stderr(output: &Output) -> String {
 }
 pub mod felix;
 pub mod flannel;
+pub mod kube;
 pub mod netns;
 /// The namespace testbed, from calc-stub's sources (its demo runs on it).
 /// Each test uses a part of it.
