@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::Daemon;
@@ -727,6 +728,27 @@ impl CalcFlannel {
     fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Polls `done` (given calc-flannel's log) for up to 30 s; fails with
+    /// the log when calc-flannel ends first or time runs out.
+    fn wait_for(&mut self, what: &str, mut done: impl FnMut(&str) -> bool) {
+        let start = Instant::now();
+        loop {
+            let exited = self.child.try_wait().expect("calc-flannel's status");
+            let log = self.log();
+            if done(&log) {
+                return;
+            }
+            if let Some(status) = exited {
+                panic!("calc-flannel ended ({status}) before {what}:\n{log}");
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "timed out waiting for {what}; calc-flannel:\n{log}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for CalcFlannel {
@@ -789,15 +811,15 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
     // node-b's subnet is routed through its tunnel endpoint.
     let daemon = Daemon::memory(&[]);
     {
-        let calc = CalcFlannel::start(&cluster, &daemon, "whole", &[("NODE_NAME", "node-a")]);
-        wait_until("calc-flannel annotates node-a", || {
+        let mut calc = CalcFlannel::start(&cluster, &daemon, "whole", &[("NODE_NAME", "node-a")]);
+        calc.wait_for("calc-flannel annotates node-a", |_| {
             let written = annotations(server, "node-a");
             written.get(&format!("{PREFIX}/kube-subnet-manager")) == Some(&"true".to_string())
                 && written.contains_key(&format!("{PREFIX}/backend-data"))
                 && written.contains_key(&format!("{PREFIX}/public-ip"))
         });
         let runtime = tokio::runtime::Runtime::new().unwrap();
-        wait_until("vxmgrd routes node-b's subnet to its VTEP", || {
+        calc.wait_for("vxmgrd routes node-b's subnet to its VTEP", |_| {
             let state = runtime.block_on(daemon.state());
             state.ipv4.is_some_and(|v4| {
                 v4.tunnel_routes.iter().any(|r| r.dst == "10.244.1.0/24")
@@ -813,6 +835,19 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
     // Any one rule taken away: calc-flannel names what it was refused.
     for (resource, verb) in NEEDED {
         cluster.apply_role_without(Some((resource, verb)));
+        // The annotations are to be written again.
+        let written: Vec<String> = annotations(server, "node-a")
+            .into_keys()
+            .filter(|k| k.starts_with(PREFIX))
+            .map(|k| format!("{k}-"))
+            .collect();
+        if !written.is_empty() {
+            let mut annotate = vec!["annotate", "node", "node-a"];
+            annotate.extend(written.iter().map(String::as_str));
+            server
+                .kubectl(&annotate)
+                .expect("remove node-a's annotations");
+        }
         let env: &[(&str, &str)] = if resource == "pods" {
             &[
                 ("POD_NAME", "vxmgr-flannel-test"),
@@ -822,10 +857,10 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
             &[("NODE_NAME", "node-a")]
         };
         let run = format!("without-{verb}-{}", resource.replace('/', "-"));
-        let calc = CalcFlannel::start(&cluster, &daemon, &run, env);
+        let mut calc = CalcFlannel::start(&cluster, &daemon, &run, env);
         let refusal = format!("cannot {verb} resource \"{resource}\"");
-        wait_until(&format!("calc-flannel reports {refusal}"), || {
-            calc.log().contains(&refusal)
+        calc.wait_for(&format!("calc-flannel reports {refusal}"), |log| {
+            log.contains(&refusal)
         });
         drop(calc);
         cluster.apply_role_without(None);
