@@ -782,7 +782,7 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
         node(
             "node-b",
             "10.244.1.0/24",
-            Some(("192.0.2.2", "66:aa:00:00:00:02")),
+            Some(("198.51.100.2", "66:aa:00:00:00:02")),
         ),
     ] {
         server
@@ -826,7 +826,7 @@ fn calc_flannel_runs_with_the_clusterrole_and_fails_without_any_of_its_rules() {
                     && v4
                         .remote_vteps
                         .iter()
-                        .any(|v| v.mac == "66:aa:00:00:00:02" && v.parent_address == "192.0.2.2")
+                        .any(|v| v.mac == "66:aa:00:00:00:02" && v.parent_address == "198.51.100.2")
             })
         });
         assert!(!calc.log().contains("orbidden"), "{}", calc.log());
