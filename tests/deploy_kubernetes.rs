@@ -477,6 +477,12 @@ fn manifest(file: &str) -> String {
     manifest_dir().join(file).to_string_lossy().into_owned()
 }
 
+/// A kube-apiserver on loopback that authorizes by RBAC.
+fn api_server(dir: &Path) -> KubeApiServer {
+    KubeApiServer::start(None, "127.0.0.1", dir, Authorization::Rbac)
+        .expect("the API server starts")
+}
+
 /// The API server with RBAC, the namespace and the RBAC objects applied for
 /// real, and the ServiceAccount's kubeconfig.
 struct Cluster {
@@ -489,8 +495,7 @@ struct Cluster {
 impl Cluster {
     fn start() -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let server = KubeApiServer::start(None, "127.0.0.1", dir.path(), Authorization::Rbac)
-            .expect("the API server starts");
+        let server = api_server(dir.path());
         let objects = objects();
         for file in ["00-namespace.yaml", "10-rbac.yaml"] {
             server
@@ -589,8 +594,7 @@ fn the_api_server_accepts_every_manifest() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let server = KubeApiServer::start(None, "127.0.0.1", dir.path(), Authorization::Rbac)
-        .expect("the API server starts");
+    let server = api_server(dir.path());
     // Namespaced objects are admitted only into a namespace that exists,
     // dry run or not: it is the one object created for real.
     server
@@ -920,10 +924,14 @@ fn the_image_runs_the_binaries_and_holds_the_tools_vxmgrd_calls() {
         "cni-conf.json",
     ))
     .unwrap();
+    // VERSION reads the caller's version from stdin, as every command does.
+    let version = json!({"cniVersion": conflist["cniVersion"]}).to_string();
     let answer: Value = serde_json::from_str(&podman_run(&[
         "--env=CNI_COMMAND=VERSION",
         &image,
-        "/usr/local/bin/flannel",
+        "sh",
+        "-c",
+        &format!("echo '{version}' | /usr/local/bin/flannel"),
     ]))
     .expect("the plugin answers VERSION with JSON");
     assert!(
