@@ -14,6 +14,12 @@ pub struct Backoff {
 }
 
 impl Backoff {
+    /// Retries of anything that should come back soon: from 100 ms,
+    /// doubling, at most 5 s apart.
+    pub fn retries() -> Backoff {
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(5))
+    }
+
     pub fn new(first: Duration, max: Duration) -> Backoff {
         Backoff {
             first,
@@ -65,6 +71,29 @@ impl Condition {
     pub fn ok(&mut self) {
         if self.failing.take().is_some() {
             info!("{}: working again", self.what);
+        }
+    }
+}
+
+/// Tries `attempt` until it succeeds, backing off between attempts and
+/// logging failures as `what` does.
+pub async fn retry<T, E: Display, F: Future<Output = Result<T, E>>>(
+    what: &'static str,
+    mut attempt: impl FnMut() -> F,
+) -> T {
+    let mut backoff = Backoff::retries();
+    let mut condition = Condition::new(what);
+    loop {
+        match attempt().await {
+            Ok(value) => {
+                condition.ok();
+                return value;
+            }
+            Err(e) => {
+                let wait = backoff.next();
+                condition.failed(&e, wait);
+                tokio::time::sleep(wait).await;
+            }
         }
     }
 }

@@ -1,21 +1,74 @@
 //! Command-line flags, flannel's names where flannel has the flag. Every
 //! flag can also be set as `CALC_FLANNEL_<FLAG>`, and flannel's as flanneld's
 //! `FLANNELD_<FLAG>` too (the first wins); the socket also as vxmgrd's
-//! `VXMGR_SOCKET`.
+//! `VXMGR_SOCKET`. In kube mode, this node's Node comes from flanneld's
+//! `NODE_NAME`, or `POD_NAMESPACE`/`POD_NAME`.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{CommandFactory, FromArgMatches, Parser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 use regex::Regex;
 
+use crate::registry::kube::NodeIdentity;
+
 #[derive(Parser, Debug)]
-#[command(name = "calc-flannel", version, about)]
-/// flannel's subnet manager on etcd, driving vxmgrd: leases this node a
-/// subnet of the network, watches the other nodes' leases and streams
-/// routes and tunnel endpoints to vxmgrd.
+#[command(name = "calc-flannel", version)]
+/// flannel's subnet manager as a calc process for vxmgrd: holds this node's
+/// lease of the network, follows the other nodes' leases and streams routes
+/// and tunnel endpoints to vxmgrd.
+///
+/// Two modes, as flanneld: on etcd (the default: leases are keys under
+/// --etcd-prefix, created and renewed by each node), or with
+/// --kube-subnet-mgr on the Kubernetes API (the lease is this node's Node's
+/// podCIDR, published in flannel's Node annotations; the network config is
+/// --net-config-path).
 pub struct Cli {
+    /// Use the Kubernetes API instead of etcd (flanneld's kube subnet
+    /// manager).
+    #[arg(long, env = "CALC_FLANNEL_KUBE_SUBNET_MGR")]
+    pub kube_subnet_mgr: bool,
+    /// kubeconfig for the Kubernetes API (default: in-cluster config, or
+    /// KUBECONFIG).
+    #[arg(long, env = "CALC_FLANNEL_KUBECONFIG_FILE")]
+    pub kubeconfig_file: Option<PathBuf>,
+    /// The Kubernetes API server's URL (overrides the kubeconfig's).
+    #[arg(long, env = "CALC_FLANNEL_KUBE_API_URL")]
+    pub kube_api_url: Option<String>,
+    /// Prefix of flannel's Node annotations.
+    #[arg(
+        long,
+        env = "CALC_FLANNEL_KUBE_ANNOTATION_PREFIX",
+        default_value = "flannel.alpha.coreos.com"
+    )]
+    pub kube_annotation_prefix: String,
+    /// The network config in kube mode (flannel's net-conf.json).
+    #[arg(
+        long,
+        env = "CALC_FLANNEL_NET_CONFIG_PATH",
+        default_value = "/etc/kube-flannel/net-conf.json"
+    )]
+    pub net_config_path: PathBuf,
+    /// In kube mode, set the Node's NetworkUnavailable condition false once
+    /// vxmgrd has programmed the node.
+    #[arg(
+        long,
+        env = "CALC_FLANNEL_SET_NODE_NETWORK_UNAVAILABLE",
+        default_value_t = true,
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        require_equals = true
+    )]
+    pub set_node_network_unavailable: bool,
+    /// Address of the health and metrics listener.
+    #[arg(long, env = "CALC_FLANNEL_HEALTHZ_IP", default_value = "0.0.0.0")]
+    pub healthz_ip: IpAddr,
+    /// Port of the health and metrics listener (/healthz, /livez, /readyz,
+    /// /metrics); 0: none.
+    #[arg(long, env = "CALC_FLANNEL_HEALTHZ_PORT", default_value_t = 0)]
+    pub healthz_port: u16,
     /// etcd endpoints (http:// or https://), comma-separated or repeated.
     #[arg(
         long,
@@ -114,6 +167,14 @@ const FLANNEL_FLAGS: &[&str] = &[
     "SUBNET_FILE",
     "IP_MASQ",
     "SUBNET_LEASE_RENEW_MARGIN",
+    "KUBE_SUBNET_MGR",
+    "KUBECONFIG_FILE",
+    "KUBE_API_URL",
+    "KUBE_ANNOTATION_PREFIX",
+    "NET_CONFIG_PATH",
+    "SET_NODE_NETWORK_UNAVAILABLE",
+    "HEALTHZ_IP",
+    "HEALTHZ_PORT",
 ];
 
 /// The other variable a flag answers to.
@@ -180,6 +241,25 @@ impl Cli {
         }
         Ok(())
     }
+
+    /// Where the health listener listens, if anywhere.
+    pub fn healthz_address(&self) -> Option<SocketAddr> {
+        (self.healthz_port != 0).then(|| SocketAddr::new(self.healthz_ip, self.healthz_port))
+    }
+}
+
+/// This node's Node, from flanneld's variables.
+pub fn node_identity(var: impl Fn(&str) -> Option<String>) -> Result<NodeIdentity, &'static str> {
+    let set = |name| var(name).filter(|v| !v.is_empty());
+    if let Some(name) = set("NODE_NAME") {
+        return Ok(NodeIdentity::Name(name));
+    }
+    match (set("POD_NAMESPACE"), set("POD_NAME")) {
+        (Some(namespace), Some(name)) => Ok(NodeIdentity::Pod { namespace, name }),
+        _ => Err(
+            "--kube-subnet-mgr needs this node's Node: set NODE_NAME, or POD_NAME and POD_NAMESPACE",
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -210,6 +290,80 @@ mod tests {
                 ("socket".to_string(), "VXMGR_SOCKET".to_string()),
             ]
         );
+    }
+
+    #[test]
+    fn help_says_what_calc_flannel_is_in_both_modes() {
+        let help = Cli::command().render_help().to_string();
+        assert!(
+            help.starts_with("flannel's subnet manager as a calc process for vxmgrd"),
+            "{help}"
+        );
+        let long = Cli::command().render_long_help().to_string();
+        assert!(
+            long.contains("--kube-subnet-mgr on the Kubernetes API"),
+            "{long}"
+        );
+        assert!(!help.contains(env!("CARGO_PKG_DESCRIPTION")), "{help}");
+    }
+
+    #[test]
+    fn kube_flags_parse_as_flanneld_takes_them() {
+        let cli = Cli::from_env(
+            [
+                "calc-flannel",
+                "--kube-subnet-mgr",
+                "--set-node-network-unavailable=false",
+                "--healthz-port",
+                "8285",
+            ]
+            .map(Into::into),
+            |_| None,
+        );
+        assert!(cli.kube_subnet_mgr);
+        assert!(!cli.set_node_network_unavailable);
+        let var = |name: &str| (name == "FLANNELD_KUBE_ANNOTATION_PREFIX").then(|| "x".into());
+        assert_eq!(
+            aliases_in_effect(&Cli::command(), var),
+            [(
+                "kube_annotation_prefix".to_string(),
+                "FLANNELD_KUBE_ANNOTATION_PREFIX".to_string()
+            )]
+        );
+        assert_eq!(cli.healthz_address(), Some("0.0.0.0:8285".parse().unwrap()));
+        let defaults = Cli::from_env(["calc-flannel"].map(Into::into), |_| None);
+        assert!(defaults.set_node_network_unavailable);
+        assert_eq!(defaults.healthz_address(), None);
+        assert_eq!(
+            defaults.net_config_path,
+            PathBuf::from("/etc/kube-flannel/net-conf.json")
+        );
+    }
+
+    #[test]
+    fn the_node_is_named_or_found_through_its_pod() {
+        let vars = |set: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                set.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        assert_eq!(
+            node_identity(vars(&[("NODE_NAME", "n1"), ("POD_NAME", "p")])),
+            Ok(NodeIdentity::Name("n1".into()))
+        );
+        assert_eq!(
+            node_identity(vars(&[
+                ("POD_NAME", "p"),
+                ("POD_NAMESPACE", "kube-flannel")
+            ])),
+            Ok(NodeIdentity::Pod {
+                namespace: "kube-flannel".into(),
+                name: "p".into()
+            })
+        );
+        assert!(node_identity(vars(&[("POD_NAME", "p")])).is_err());
     }
 
     #[test]

@@ -35,7 +35,16 @@ pub struct Dataplane {
 pub struct Stream {
     tx: mpsc::Sender<ToDataplane>,
     next_sequence: u64,
-    ended: watch::Receiver<bool>,
+    progress: watch::Receiver<Progress>,
+}
+
+/// How far vxmgrd is with a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Progress {
+    Open,
+    /// vxmgrd has programmed everything up to the InSync.
+    InSync,
+    Ended,
 }
 
 /// Messages that may wait unsent before `send` waits for vxmgrd.
@@ -94,11 +103,15 @@ impl Dataplane {
             .await
             .map_err(|s| self.rpc(s))?
             .into_inner();
-        let (ended_tx, ended) = watch::channel(false);
+        let (progress_tx, progress) = watch::channel(Progress::Open);
         tokio::spawn(async move {
             loop {
                 match responses.next().await {
-                    Some(Ok(response)) => report(response.payload),
+                    Some(Ok(response)) => {
+                        if report(response.payload) {
+                            let _ = progress_tx.send(Progress::InSync);
+                        }
+                    }
                     Some(Err(status)) => {
                         warn!(%status, "vxmgrd ended the stream");
                         break;
@@ -109,17 +122,18 @@ impl Dataplane {
                     }
                 }
             }
-            let _ = ended_tx.send(true);
+            let _ = progress_tx.send(Progress::Ended);
         });
         Ok(Stream {
             tx,
             next_sequence: 1,
-            ended,
+            progress,
         })
     }
 }
 
-fn report(payload: Option<Payload>) {
+/// Logs a response; true when it says vxmgrd is in sync.
+fn report(payload: Option<Payload>) -> bool {
     match payload {
         Some(Payload::BatchStatus(status)) => {
             for rejected in &status.rejected {
@@ -137,9 +151,13 @@ fn report(payload: Option<Payload>) {
                 );
             }
         }
-        Some(Payload::DataplaneInSync(_)) => info!("vxmgrd in sync"),
+        Some(Payload::DataplaneInSync(_)) => {
+            info!("vxmgrd in sync");
+            return true;
+        }
         Some(Payload::Heartbeat(_)) | None => {}
     }
+    false
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -157,8 +175,12 @@ impl Stream {
         Ok(())
     }
 
-    /// Resolves when vxmgrd has ended the stream.
-    pub async fn ended(&mut self) {
-        let _ = self.ended.wait_for(|ended| *ended).await;
+    /// Resolves when the stream is further than `seen`: in sync, or
+    /// ended.
+    pub async fn progressed(&mut self, seen: Progress) -> Progress {
+        match self.progress.wait_for(|p| *p != seen).await {
+            Ok(progress) => *progress,
+            Err(_) => Progress::Ended,
+        }
     }
 }

@@ -1,20 +1,19 @@
-//! calc-flannel: flannel's subnet manager on etcd as a calc process for
-//! vxmgrd. Each node leases a subnet of the network from etcd (flannel's
-//! etcd v3 layout, so real flanneld nodes can share the etcd), watches the
-//! other nodes' leases and streams them to vxmgrd as Felix messages: VXLAN
-//! tunnel endpoints and routes (vxlan), or direct routes (host-gw).
+//! calc-flannel: flannel's subnet manager as a calc process for vxmgrd.
+//! Each node holds a lease of the network (a subnet leased in etcd, in
+//! flannel's etcd v3 layout, or its Node's podCIDR with the Kubernetes
+//! API, as flanneld's kube subnet manager), follows the other nodes' leases
+//! and streams them to vxmgrd as Felix messages: VXLAN tunnel endpoints and
+//! routes (vxlan), or direct routes (host-gw).
 
 mod agent;
 mod allocate;
 mod backoff;
 mod cli;
 mod dataplane;
-mod etcd;
+mod health;
 mod host;
 mod iface;
 mod lease;
-#[cfg(test)]
-mod memory_registry;
 mod network;
 mod registry;
 mod subnet;
@@ -24,6 +23,7 @@ mod vtep_mac;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::signal::unix::{SignalKind, signal};
@@ -33,9 +33,15 @@ use tracing_subscriber::EnvFilter;
 use agent::{Agent, AgentOptions};
 use cli::Cli;
 use dataplane::Dataplane;
-use etcd::{Etcd, EtcdOptions};
+use health::{Health, HealthProbes};
 use host::HostNetwork;
 use iface::IfaceSpec;
+use registry::SubnetManager;
+use registry::etcd::client::{Etcd, EtcdOptions};
+use registry::etcd::{EtcdSubnetManager, LeaseOptions};
+use registry::kube::api::{ApiOptions, KubeApi};
+use registry::kube::node::AnnotationNames;
+use registry::kube::{KubeOptions, KubeSubnetManager};
 
 // One thread: the agent's work is one event after another, and a watch
 // event crosses several tasks (etcd's connection, the watch, the agent,
@@ -69,20 +75,19 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     cli.check().map_err(anyhow::Error::msg)?;
-    let etcd = Etcd::new(&EtcdOptions {
-        endpoints: cli.etcd_endpoints.clone(),
-        ca_file: cli.etcd_cafile.clone(),
-        cert_file: cli.etcd_certfile.clone(),
-        key_file: cli.etcd_keyfile.clone(),
-        username: cli.etcd_username.clone(),
-        password: cli.etcd_password.clone(),
-    })
-    .context("setting up the etcd client")?;
+    let health = Arc::new(Health::default());
+    if let Some(address) = cli.healthz_address() {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .with_context(|| format!("listening on {address} (--healthz-ip, --healthz-port)"))?;
+        tokio::spawn(vxmgr::metrics::http::serve(
+            listener,
+            HealthProbes(health.clone()),
+            std::future::pending(),
+        ));
+    }
     let options = AgentOptions {
-        prefix: cli.etcd_prefix.trim_end_matches('/').to_string(),
         subnet_file: cli.subnet_file.clone(),
-        lease_ttl: cli.subnet_lease_ttl,
-        renew_margin: cli.subnet_lease_renew_margin,
         ip_masq: cli.ip_masq,
         iface: IfaceSpec {
             ifaces: cli.iface.clone(),
@@ -91,15 +96,58 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             public_ipv6: cli.public_ipv6,
         },
     };
-    info!(endpoints = ?cli.etcd_endpoints, prefix = %options.prefix, socket = %cli.socket.display(), "calc-flannel starting");
     let host = HostNetwork::read().await?;
-    let agent = Agent::new(etcd, Dataplane::new(&cli.socket), host, options);
+    let dataplane = Dataplane::new(&cli.socket);
+    if cli.kube_subnet_mgr {
+        let node =
+            cli::node_identity(|name| std::env::var(name).ok()).map_err(anyhow::Error::msg)?;
+        let api = KubeApi::new(&ApiOptions {
+            kubeconfig: cli.kubeconfig_file.clone(),
+            url: cli.kube_api_url.clone(),
+        })
+        .await?;
+        info!(?node, net_config = %cli.net_config_path.display(), socket = %cli.socket.display(), "calc-flannel starting with the Kubernetes API");
+        let manager = KubeSubnetManager::new(
+            api,
+            KubeOptions {
+                node,
+                net_config_path: cli.net_config_path.clone(),
+                annotations: AnnotationNames::new(&cli.kube_annotation_prefix),
+                set_node_network_unavailable: cli.set_node_network_unavailable,
+            },
+        );
+        until_stopped(Agent::new(manager, dataplane, host, options, health)).await
+    } else {
+        let etcd = Etcd::new(&EtcdOptions {
+            endpoints: cli.etcd_endpoints.clone(),
+            ca_file: cli.etcd_cafile.clone(),
+            cert_file: cli.etcd_certfile.clone(),
+            key_file: cli.etcd_keyfile.clone(),
+            username: cli.etcd_username.clone(),
+            password: cli.etcd_password.clone(),
+        })
+        .context("setting up the etcd client")?;
+        let lease_options = LeaseOptions {
+            prefix: cli.etcd_prefix.trim_end_matches('/').to_string(),
+            lease_ttl: cli.subnet_lease_ttl,
+            renew_margin: cli.subnet_lease_renew_margin,
+        };
+        info!(endpoints = ?cli.etcd_endpoints, prefix = %lease_options.prefix, socket = %cli.socket.display(), "calc-flannel starting on etcd");
+        let manager = EtcdSubnetManager::new(etcd, lease_options);
+        until_stopped(Agent::new(manager, dataplane, host, options, health)).await
+    }
+}
+
+/// Runs the agent until it fails or a signal stops it. The lease stays (in
+/// etcd until its TTL), and the kernel as vxmgrd has it.
+async fn until_stopped<M: SubnetManager>(agent: Agent<M>) -> anyhow::Result<()> {
     let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let run = async { agent.run().await.map_err(anyhow::Error::from) };
     tokio::select! {
-        result = agent.run() => result.context("calc-flannel stopped")?,
-        _ = term.recv() => info!("SIGTERM: stopping; the lease stays until its TTL, the kernel as vxmgrd has it"),
-        _ = int.recv() => info!("SIGINT: stopping; the lease stays until its TTL, the kernel as vxmgrd has it"),
+        result = run => result.context("calc-flannel stopped")?,
+        _ = term.recv() => info!("SIGTERM: stopping; the lease and the kernel stay as they are"),
+        _ = int.recv() => info!("SIGINT: stopping; the lease and the kernel stay as they are"),
     }
     Ok(())
 }

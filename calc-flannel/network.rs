@@ -286,6 +286,18 @@ impl NetworkConfig {
         let backend = parse_backend(object, v6.is_some())?;
         Ok(NetworkConfig { v4, v6, backend })
     }
+
+    /// Logs the config, read from `source`.
+    pub fn log(&self, source: &str) {
+        tracing::info!(
+            source,
+            network = %self.v4.network,
+            subnet_len = self.v4.subnet_len,
+            ipv6_network = ?self.v6.as_ref().map(|r| r.network),
+            backend = self.backend.lease_type(),
+            "network config"
+        );
+    }
 }
 
 fn parse_backend(object: &Map<String, Value>, ipv6: bool) -> Result<Backend, ConfigError> {

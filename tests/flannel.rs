@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use support::flannel::{block_on, can_run, cluster};
+use support::kube::kube_available;
 use support::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
 use support::testbed::{self, FlannelCluster, Monitor, census};
 use vxmgr::model::Family;
@@ -155,6 +156,23 @@ fn ping(c: &FlannelCluster, from: u8, source: std::net::IpAddr, to: std::net::Ip
         .success()
 }
 
+/// Each node's pod pings the next node's, over IPv4 and IPv6.
+fn pods_ping_around(c: &FlannelCluster, subnets: &[Subnets]) {
+    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
+        let (a, b) = (
+            &subnets[usize::from(from) - 1],
+            &subnets[usize::from(to) - 1],
+        );
+        for v6 in [false, true] {
+            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
+            assert!(
+                ping(c, from, source, target),
+                "ping {target} from node-{from}'s pod"
+            );
+        }
+    }
+}
+
 const VXLAN_DUAL_STACK: &str = r#"{"Network": "10.50.0.0/16", "SubnetMin": "10.50.1.0", "SubnetMax": "10.50.3.0",
     "EnableIPv6": true, "IPv6Network": "fd00:50::/48", "Backend": {"Type": "vxlan"}}"#;
 
@@ -264,6 +282,79 @@ fn vxlan_nodes_lease_subnets_and_pods_ping_over_ipv4_and_ipv6() {
         "the lease stays after a clean stop"
     );
     delete(&c, &key_of(&subnets[2]));
+    for i in [1, 2] {
+        let ns = &c.cluster.node(i).ns;
+        wait_route(ns, &subnets[2].v4.to_string(), false);
+        wait_route(ns, &subnets[2].v6.unwrap().to_string(), false);
+    }
+}
+
+#[test]
+fn nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6() {
+    let test = "nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6";
+    if !can_run(test) || !kube_available(test) {
+        return;
+    }
+    let mut c = cluster(3);
+    let kube = c.start_kube_api().unwrap();
+    for i in 1..=3 {
+        let node = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": format!("node-{i}")},
+            "spec": {"podCIDRs": [format!("10.50.{i}.0/24"), format!("fd00:50:0:{i}::/64")]},
+        });
+        kube.kubectl_stdin(&["apply", "-f", "-"], &node.to_string())
+            .unwrap();
+    }
+    let net_conf = c.cluster.dir.join("net-conf.json");
+    std::fs::write(&net_conf, VXLAN_DUAL_STACK).unwrap();
+    let kubeconfig = c.kubeconfig();
+    for node in &mut c.cluster.nodes {
+        node.start_daemon(&[]).unwrap();
+    }
+    for i in 1..=3 {
+        let args = [
+            "--kube-subnet-mgr",
+            "--kubeconfig-file",
+            kubeconfig.to_str().unwrap(),
+            "--net-config-path",
+            net_conf.to_str().unwrap(),
+            "--iface",
+            "eth0",
+        ];
+        c.start_agent(i, &args, &[("NODE_NAME", &format!("node-{i}"))])
+            .unwrap();
+    }
+    let subnets = subnets_and_pods(&c);
+    for (i, s) in subnets.iter().enumerate() {
+        let n = i + 1;
+        assert_eq!(
+            s.v4.to_string(),
+            format!("10.50.{n}.0/24"),
+            "the Node's podCIDR"
+        );
+        assert_eq!(s.v6.unwrap().to_string(), format!("fd00:50:0:{n}::/64"));
+    }
+    let kube = c.kube.as_ref().unwrap();
+    for i in 1..=3u8 {
+        let annotation = |name: &str| {
+            let path =
+                format!("jsonpath={{.metadata.annotations.flannel\\.alpha\\.coreos\\.com/{name}}}");
+            kube.kubectl(&["get", "node", &format!("node-{i}"), "-o", &path])
+                .unwrap()
+        };
+        let node = c.cluster.node(i);
+        assert_eq!(annotation("public-ip"), node.underlay_v4());
+        assert_eq!(annotation("public-ipv6"), node.underlay_v6());
+        assert_eq!(annotation("backend-type"), "vxlan");
+    }
+
+    // Pod to pod, IPv4 and IPv6, through the tunnels.
+    pods_ping_around(&c, &subnets);
+
+    // A Node deleted: the others drop its routes.
+    kube.kubectl(&["delete", "node", "node-3"]).unwrap();
     for i in [1, 2] {
         let ns = &c.cluster.node(i).ns;
         wait_route(ns, &subnets[2].v4.to_string(), false);
@@ -427,19 +518,7 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
             );
         }
     }
-    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
-        let (a, b) = (
-            &subnets[usize::from(from) - 1],
-            &subnets[usize::from(to) - 1],
-        );
-        for v6 in [false, true] {
-            let (source, target) = (a.address(v6, 10).unwrap(), b.address(v6, 10).unwrap());
-            assert!(
-                ping(&c, from, source, target),
-                "ping {target} from node-{from}'s pod"
-            );
-        }
-    }
+    pods_ping_around(&c, &subnets);
 
     // A node off this segment is reported, not routed; bad leases are
     // skipped with a warning naming them; every good route stays.

@@ -7,15 +7,13 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Stdio};
 
 use support::Daemon;
-use support::flannel::{CALC_FLANNEL, block_on, etcd_available, etcd_required};
+use support::flannel::{Agent, block_on, etcd_available, etcd_required};
 use support::testbed::etcd::{EtcdServer, EtcdTls};
 
 const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "host-gw"}}"#;
-const WAIT: Duration = Duration::from_secs(30);
 
 fn tool_available(test: &str, tool: &str) -> bool {
     let found = Command::new(tool)
@@ -32,55 +30,6 @@ fn tool_available(test: &str, tool: &str) -> bool {
         support::say(&format!("SKIPPED {test}: needs {tool}"));
     }
     found
-}
-
-/// calc-flannel with `args`, stopped when dropped.
-struct Agent {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Agent {
-    /// Starts calc-flannel on `daemon`'s socket, logging to `<name>.log`.
-    fn start(daemon: &Daemon, name: &str, args: &[&str]) -> Agent {
-        let log = daemon.dir.path().join(format!("{name}.log"));
-        let child = Command::new(CALC_FLANNEL)
-            .arg("--socket")
-            .arg(&daemon.socket)
-            .arg("--subnet-file")
-            .arg(daemon.dir.path().join("subnet.env"))
-            // Any address will do: host-gw on vxmgrd's memory kernel.
-            .args(["--iface", "127.0.0.1"])
-            .args(args)
-            .env("NO_COLOR", "1")
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("calc-flannel starts");
-        Agent { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn wait_for_log(&self, needle: &str) {
-        let deadline = Instant::now() + WAIT;
-        while !self.log().contains(needle) {
-            assert!(
-                Instant::now() < deadline,
-                "no {needle:?} in:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Runs `command`, which must succeed; its output.

@@ -4,9 +4,8 @@ mod support;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 
-use support::Daemon;
+use support::{Daemon, http_get};
 
 /// A daemon with an HTTP listener on a free loopback port, and its address.
 fn daemon_with_http() -> (Daemon, String) {
@@ -23,25 +22,6 @@ fn daemon_with_http() -> (Daemon, String) {
         .expect("the address in the log line")
         .to_string();
     (daemon, address)
-}
-
-/// `curl` on `path`: the status code, the content type and the body.
-fn get(address: &str, path: &str) -> (u16, String, String) {
-    let output = Command::new("curl")
-        .args(["--silent", "--show-error", "--max-time", "30"])
-        .args(["--write-out", "\n%{http_code} %{content_type}"])
-        .arg(format!("http://{address}{path}"))
-        .output()
-        .expect("curl runs (apt-get install curl)");
-    assert!(output.status.success(), "{}", support::stderr(&output));
-    let text = String::from_utf8(output.stdout).unwrap();
-    let (body, trailer) = text.rsplit_once('\n').unwrap();
-    let (code, content_type) = trailer.split_once(' ').unwrap();
-    (
-        code.parse().unwrap(),
-        content_type.to_string(),
-        body.to_string(),
-    )
 }
 
 /// The samples of an exposition: `name{labels}` to value. Checks each
@@ -68,12 +48,12 @@ fn samples(exposition: &str) -> HashMap<String, f64> {
 fn probes_follow_readiness_and_metrics_count_what_happened() {
     let (daemon, address) = daemon_with_http();
     for path in ["/livez", "/liveness"] {
-        assert_eq!(get(&address, path).0, 200, "{path}");
+        assert_eq!(http_get(&address, path).0, 200, "{path}");
     }
     for path in ["/readyz", "/readiness"] {
-        assert_eq!(get(&address, path).0, 503, "{path} before InSync");
+        assert_eq!(http_get(&address, path).0, 503, "{path} before InSync");
     }
-    assert_eq!(get(&address, "/nothing").0, 404);
+    assert_eq!(http_get(&address, "/nothing").0, 404);
 
     let replay = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replays/two-nodes.jsonl");
     let output = daemon.replay(&[replay.to_str().unwrap()]);
@@ -81,9 +61,9 @@ fn probes_follow_readiness_and_metrics_count_what_happened() {
     daemon.wait_for_log("calc stream ended", 1);
 
     for path in ["/readyz", "/readiness"] {
-        assert_eq!(get(&address, path).0, 200, "{path} once in sync");
+        assert_eq!(http_get(&address, path).0, 200, "{path} once in sync");
     }
-    let (code, content_type, body) = get(&address, "/metrics");
+    let (code, content_type, body) = http_get(&address, "/metrics");
     assert_eq!(code, 200);
     assert!(
         content_type.starts_with("application/openmetrics-text"),

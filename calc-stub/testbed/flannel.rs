@@ -1,5 +1,6 @@
 //! flannel mode in the testbed: an etcd on the underlay (at 192.168.10.254
-//! on the bridge), and on each node calc-flannel next to vxmgrd.
+//! on the bridge), and on each node calc-flannel next to vxmgrd. In kube
+//! mode, a kube-apiserver on the underlay too (192.168.10.253).
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
@@ -10,10 +11,13 @@ use std::time::{Duration, Instant};
 use ipnetwork::IpNetwork;
 
 use super::etcd::EtcdServer;
+use super::kube::{Authorization, KubeApiServer};
 use super::{Binaries, Cluster, Result, TestbedError, sh};
 
 /// Where etcd listens, on the underlay bridge.
 pub const ETCD_ADDRESS: &str = "192.168.10.254";
+/// Where the kube-apiserver listens in kube mode, on the underlay bridge.
+pub const KUBE_API_ADDRESS: &str = "192.168.10.253";
 /// flannel's default etcd prefix.
 pub const PREFIX: &str = "/coreos.com/network";
 
@@ -22,6 +26,9 @@ pub const PREFIX: &str = "/coreos.com/network";
 pub struct FlannelCluster {
     agents: Vec<Option<Child>>,
     calc_flannel: PathBuf,
+    /// In kube mode ([`FlannelCluster::start_kube_api`]). Dropped before
+    /// the cluster, whose directory holds its data.
+    pub kube: Option<KubeApiServer>,
     /// Dropped before the cluster, whose directory holds its data.
     pub etcd: EtcdServer,
     pub cluster: Cluster,
@@ -68,6 +75,7 @@ impl FlannelCluster {
         Ok(FlannelCluster {
             agents: (0..n).map(|_| None).collect(),
             calc_flannel: calc_flannel.to_path_buf(),
+            kube: None,
             etcd,
             cluster,
             keep: false,
@@ -81,6 +89,33 @@ impl FlannelCluster {
             .await?
             .put(&format!("{PREFIX}/config"), config)
             .await
+    }
+
+    /// Starts a kube-apiserver (AlwaysAllow) on the underlay, for agents
+    /// run with `--kube-subnet-mgr --kubeconfig-file` [`Self::kubeconfig`].
+    pub fn start_kube_api(&mut self) -> Result<&KubeApiServer> {
+        sh(
+            &self.cluster.underlay,
+            &format!("ip addr add {KUBE_API_ADDRESS}/24 dev br0"),
+        )?;
+        let server = KubeApiServer::start(
+            Some(&self.cluster.underlay),
+            KUBE_API_ADDRESS,
+            &self.cluster.dir.join("kube"),
+            Authorization::AlwaysAllow,
+        )?;
+        server.write_kubeconfig(&self.kubeconfig(), &server.admin_token)?;
+        let keep = self.keep;
+        let server = self.kube.insert(server);
+        if keep {
+            server.keep();
+        }
+        Ok(server)
+    }
+
+    /// The admin's kubeconfig for the kube-apiserver.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.cluster.dir.join("kubeconfig")
     }
 
     pub fn subnet_file(&self, index: u8) -> PathBuf {
@@ -221,6 +256,9 @@ impl FlannelCluster {
     /// Leaves everything running when dropped, for a person to look at.
     pub fn keep(&mut self) {
         self.keep = true;
+        if let Some(kube) = &mut self.kube {
+            kube.keep();
+        }
         self.etcd.keep();
         self.cluster.keep();
     }

@@ -135,6 +135,9 @@ impl KubeApiServer {
             .arg(format!("--token-auth-file={}", tokens.display()))
             .arg("--service-cluster-ip-range=10.96.0.0/16")
             .arg("--endpoint-reconciler-type=none")
+            // 1.20 keeps a Node's second (IPv6) podCIDR only with the
+            // dual-stack gate, alpha and off by default there.
+            .arg("--feature-gates=IPv6DualStack=true")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("kube-apiserver.log"))?);
         let child = command.spawn().map_err(|source| TestbedError::Spawn {

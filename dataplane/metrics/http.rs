@@ -1,6 +1,8 @@
-//! The HTTP listener `--http-listen` opens: `/metrics` for Prometheus,
-//! `/livez` and `/readyz` for probes, and Felix's `/liveness` and
-//! `/readiness` so that probes written for Felix work unchanged.
+//! The HTTP listener of vxmgrd's `--http-listen` and calc-flannel's
+//! `--healthz-port`: `/metrics` for Prometheus, `/livez` and `/readyz` for
+//! probes, Felix's `/liveness` and `/readiness` and flannel's `/healthz` so
+//! that probes written for those work unchanged. What it serves comes from
+//! a [`Probes`].
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -28,7 +30,15 @@ const CENSUS_WAIT: Duration = Duration::from_secs(1);
 
 const OPENMETRICS: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-/// What the handlers read.
+/// What a process serves: its metrics and whether it is ready.
+pub trait Probes: Clone + Send + Sync + 'static {
+    /// The OpenMetrics text exposition, up to date.
+    fn metrics(&self) -> impl Future<Output = String> + Send;
+    /// Why the process is not ready, if it is not.
+    fn not_ready(&self) -> Option<&'static str>;
+}
+
+/// vxmgrd's: its metrics, with the kernel task's census.
 #[derive(Clone)]
 pub struct Endpoints {
     pub metrics: Arc<Metrics>,
@@ -38,7 +48,7 @@ pub struct Endpoints {
 /// Serves HTTP/1.1 on `listener` until `shutdown` completes.
 pub async fn serve(
     listener: TcpListener,
-    endpoints: Endpoints,
+    endpoints: impl Probes,
     shutdown: impl Future<Output = ()>,
 ) {
     if let Ok(address) = listener.local_addr() {
@@ -60,7 +70,7 @@ pub async fn serve(
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let endpoints = endpoints.clone();
-                async move { Ok::<_, Infallible>(endpoints.answer(request).await) }
+                async move { Ok::<_, Infallible>(answer(&endpoints, request).await) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
@@ -72,34 +82,39 @@ pub async fn serve(
     }
 }
 
-impl Endpoints {
-    async fn answer(&self, request: Request<Incoming>) -> Response<Full<Bytes>> {
-        if !matches!(*request.method(), Method::GET | Method::HEAD) {
-            return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
-        }
-        match request.uri().path() {
-            "/metrics" => {
-                self.refresh_census().await;
-                respond(StatusCode::OK, OPENMETRICS, self.metrics.encode())
-            }
-            // The process answers: the runtime that runs the daemon's tasks
-            // is alive.
-            "/livez" | "/liveness" => respond(StatusCode::OK, "text/plain", "ok\n"),
-            "/readyz" | "/readiness" => {
-                if self.metrics.is_ready() {
-                    respond(StatusCode::OK, "text/plain", "ready\n")
-                } else {
-                    respond(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "text/plain",
-                        "not ready: the dataplane is not in sync with the calc stream, or objects are failing\n",
-                    )
-                }
-            }
-            _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
-        }
+async fn answer(probes: &impl Probes, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    if !matches!(*request.method(), Method::GET | Method::HEAD) {
+        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+    }
+    match request.uri().path() {
+        "/metrics" => respond(StatusCode::OK, OPENMETRICS, probes.metrics().await),
+        // The process answers: the runtime that runs its tasks is alive.
+        "/livez" | "/liveness" | "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
+        "/readyz" | "/readiness" => match probes.not_ready() {
+            None => respond(StatusCode::OK, "text/plain", "ready\n"),
+            Some(why) => respond(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("not ready: {why}\n"),
+            ),
+        },
+        _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    }
+}
+
+impl Probes for Endpoints {
+    async fn metrics(&self) -> String {
+        self.refresh_census().await;
+        self.metrics.encode()
     }
 
+    fn not_ready(&self) -> Option<&'static str> {
+        (!self.metrics.is_ready())
+            .then_some("the dataplane is not in sync with the calc stream, or objects are failing")
+    }
+}
+
+impl Endpoints {
     async fn refresh_census(&self) {
         let (reply, answer) = oneshot::channel();
         if self.census.try_send(reply).is_err() {

@@ -2,12 +2,19 @@
 //! skip without them, unless required (`VXMGR_REQUIRE_NETNS=1`,
 //! `VXMGR_REQUIRE_ETCD=1`), and the cluster with this build's binaries.
 
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+use super::Daemon;
 use super::testbed::{FlannelCluster, etcd};
 
 use super::netns::{binaries, can_run as netns_can_run};
 use super::say;
 
 pub const CALC_FLANNEL: &str = env!("CARGO_BIN_EXE_calc-flannel");
+
+/// How long a calc-flannel process may take to log what a test waits for.
+const AGENT_WAIT: Duration = Duration::from_secs(30);
 
 /// `VXMGR_REQUIRE_ETCD=1`: a missing etcd binary fails the test.
 pub fn etcd_required() -> bool {
@@ -56,4 +63,65 @@ pub fn cluster(n: u8) -> FlannelCluster {
         cluster.keep();
     }
     cluster
+}
+
+/// calc-flannel with `args` on a vxmgrd of the memory kernel, stopped
+/// when dropped.
+pub struct Agent {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Agent {
+    /// Starts calc-flannel on `daemon`'s socket, logging to `<name>.log`.
+    pub fn start(daemon: &Daemon, name: &str, args: &[&str]) -> Agent {
+        Agent::start_with_env(daemon, name, args, &[])
+    }
+
+    /// [`Agent::start`] with these variables in its environment.
+    pub fn start_with_env(
+        daemon: &Daemon,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Agent {
+        let log = daemon.dir.path().join(format!("{name}.log"));
+        let child = Command::new(CALC_FLANNEL)
+            .arg("--socket")
+            .arg(&daemon.socket)
+            .arg("--subnet-file")
+            .arg(daemon.dir.path().join("subnet.env"))
+            // Any address will do: host-gw on vxmgrd's memory kernel.
+            .args(["--iface", "127.0.0.1"])
+            .args(args)
+            .env("NO_COLOR", "1")
+            .envs(env.iter().copied())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("calc-flannel starts");
+        Agent { child, log }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn wait_for_log(&self, needle: &str) {
+        let deadline = Instant::now() + AGENT_WAIT;
+        while !self.log().contains(needle) {
+            assert!(
+                Instant::now() < deadline,
+                "no {needle:?} in:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

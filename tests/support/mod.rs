@@ -303,6 +303,25 @@ pub fn statuses(output: &Output) -> Vec<serde_json::Value> {
 
 /// Writes to stderr past the test harness's output capture (which takes
 /// `eprintln!`), so that a skipped test is seen.
+/// `curl` on `path`: the status code, the content type and the body.
+pub fn http_get(address: &str, path: &str) -> (u16, String, String) {
+    let output = Command::new("curl")
+        .args(["--silent", "--show-error", "--max-time", "30"])
+        .args(["--write-out", "\n%{http_code} %{content_type}"])
+        .arg(format!("http://{address}{path}"))
+        .output()
+        .expect("curl runs (apt-get install curl)");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = String::from_utf8(output.stdout).unwrap();
+    let (body, trailer) = text.rsplit_once('\n').unwrap();
+    let (code, content_type) = trailer.split_once(' ').unwrap();
+    (
+        code.parse().unwrap(),
+        content_type.to_string(),
+        body.to_string(),
+    )
+}
+
 pub fn say(message: &str) {
     let _ = writeln!(std::io::stderr(), "{message}");
 }

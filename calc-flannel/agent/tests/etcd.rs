@@ -1,139 +1,55 @@
-//! The agent on the in-memory etcd, with a real vxmgrd in-process on its
-//! memory kernel: what vxmgrd ends up with after leases come, change and
-//! go in bursts, across compactions, outages and restarts.
+//! The agent on the in-memory etcd: leases that come, change and go in
+//! bursts, across compactions, outages and restarts.
 
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::ops::Deref;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use vxmgr::config::SettingsLayer;
-use vxmgr::daemon::{ChecksumOffloadBroken, DaemonOptions, KernelKind};
-use vxmgr::reconciler::NexthopMode;
-use vxmgr::wire::vxmgr::v1::{DataplaneState, GetStateRequest};
 
-use super::*;
-use crate::host::Interface;
-use crate::memory_registry::MemoryRegistry;
+use super::{Rig, eventually, routes};
+use crate::health::Health;
+use crate::registry::etcd::kv::{Event, KeyValue};
+use crate::registry::etcd::memory::MemoryEtcd;
+use crate::registry::etcd::{EtcdSubnetManager, LeaseOptions};
 
 const CONFIG_KEY: &str = "/coreos.com/network/config";
 const SUBNETS: &str = "/coreos.com/network/subnets/";
 const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "vxlan"}}"#;
 
-/// vxmgrd (memory kernel) in this process, and the in-memory etcd.
-struct Rig {
-    dir: tempfile::TempDir,
-    socket: PathBuf,
-    registry: MemoryRegistry,
-    stop: Option<oneshot::Sender<()>>,
-    daemon: JoinHandle<()>,
+/// vxmgrd in this process, and the in-memory etcd.
+struct EtcdRig {
+    rig: Rig,
+    registry: MemoryEtcd,
 }
 
-impl Rig {
-    async fn start() -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("vxmgr.sock");
-        let options = DaemonOptions {
-            socket: socket.clone(),
-            socket_group: None,
-            allow_uids: Vec::new(),
-            hostname: "node-1".into(),
-            kernel: KernelKind::Memory,
-            batch_interval: Duration::from_millis(2),
-            heartbeat_interval: Duration::from_secs(3600),
-            device_check_interval: Duration::from_secs(3600),
-            contest_window: vxmgr::reconciler::CONTEST_WINDOW,
-            response_buffer: vxmgr::server::RESPONSE_BUFFER,
-            nexthops: NexthopMode::On,
-            checksum_offload_broken: ChecksumOffloadBroken::False,
-            forward_rules: None,
-            flags: SettingsLayer::default(),
-            record: None,
-            http_listen: None,
-        };
-        let (stop, stopped) = oneshot::channel::<()>();
-        let daemon = tokio::spawn(async move {
-            vxmgr::daemon::run(options, None, async {
-                let _ = stopped.await;
-            })
-            .await
-            .expect("vxmgrd runs");
-        });
-        let rig = Rig {
-            dir,
-            socket,
-            registry: MemoryRegistry::default(),
-            stop: Some(stop),
-            daemon,
-        };
-        rig.until("vxmgrd answers", |_| true).await;
-        rig
-    }
+impl Deref for EtcdRig {
+    type Target = Rig;
 
-    fn subnet_file(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
+    fn deref(&self) -> &Rig {
+        &self.rig
+    }
+}
+
+impl EtcdRig {
+    async fn start() -> EtcdRig {
+        EtcdRig {
+            rig: Rig::start().await,
+            registry: MemoryEtcd::default(),
+        }
     }
 
     /// An agent of a node at `ip` on 192.168.10.0/24, running.
     fn agent(&self, ip: &str) -> JoinHandle<()> {
-        let host = HostNetwork {
-            interfaces: vec![Interface {
-                name: "eth0".into(),
-                index: 2,
-                mtu: 1500,
-                addresses: vec![format!("{ip}/24").parse().unwrap()],
-            }],
-            default_v4: Some(2),
-            default_v6: None,
-        };
-        let options = AgentOptions {
-            prefix: "/coreos.com/network".into(),
-            subnet_file: self.subnet_file(&format!("{ip}.env")),
-            lease_ttl: Duration::from_secs(86_400),
-            renew_margin: Duration::from_secs(3600),
-            iface: IfaceSpec::default(),
-            ip_masq: false,
-        };
-        let agent = Agent::new(
+        let manager = EtcdSubnetManager::new(
             self.registry.clone(),
-            Dataplane::new(&self.socket),
-            host,
-            options,
+            LeaseOptions {
+                prefix: "/coreos.com/network".into(),
+                lease_ttl: Duration::from_secs(86_400),
+                renew_margin: Duration::from_secs(3600),
+            },
         );
-        tokio::spawn(async move {
-            agent.run().await.expect("the agent runs");
-        })
-    }
-
-    async fn state(&self) -> Option<DataplaneState> {
-        let mut client = vxmgr::client::dataplane(&self.socket).await.ok()?;
-        Some(
-            client
-                .get_state(GetStateRequest {})
-                .await
-                .ok()?
-                .into_inner(),
-        )
-    }
-
-    /// Waits (up to 20 s) for vxmgrd's state to satisfy `done`.
-    async fn until(&self, what: &str, done: impl Fn(&DataplaneState) -> bool) -> DataplaneState {
-        let wait = async {
-            loop {
-                if let Some(state) = self.state().await.filter(|s| done(s)) {
-                    return state;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-        };
-        match tokio::time::timeout(Duration::from_secs(20), wait).await {
-            Ok(state) => state,
-            Err(_) => panic!(
-                "{what}: not within 20 s; vxmgrd has {:#?}",
-                self.state().await
-            ),
-        }
+        self.rig
+            .spawn(manager, ip, std::sync::Arc::new(Health::default()))
     }
 
     /// Lease keys, without the prefix.
@@ -148,30 +64,6 @@ impl Rig {
     async fn until_leases(&self, n: usize) -> Vec<String> {
         eventually(&format!("{n} leases"), || self.leases().len() >= n).await;
         self.leases()
-    }
-}
-
-/// Waits (up to 20 s) for `done`.
-async fn eventually(what: &str, done: impl Fn() -> bool) {
-    let wait = async {
-        while !done() {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    };
-    if tokio::time::timeout(Duration::from_secs(20), wait)
-        .await
-        .is_err()
-    {
-        panic!("{what}: not within 20 s");
-    }
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        self.daemon.abort();
     }
 }
 
@@ -201,22 +93,13 @@ fn puts(range: std::ops::Range<u32>) -> Vec<Event> {
         .collect()
 }
 
-fn routes(state: &DataplaneState) -> BTreeSet<String> {
-    let v4 = state.ipv4.as_ref().expect("IPv4 state");
-    v4.tunnel_routes
-        .iter()
-        .map(|r| r.dst.clone())
-        .chain(v4.direct_routes.iter().map(|r| r.dst.clone()))
-        .collect()
-}
-
 fn remote_dst(n: u32) -> String {
     format!("10.50.{}.{}/28", 100 + n / 16, (n % 16) * 16)
 }
 
 #[tokio::test]
 async fn programs_every_event_of_every_response() {
-    let rig = Rig::start().await;
+    let rig = EtcdRig::start().await;
     rig.registry.set(CONFIG_KEY, CONFIG);
     rig.registry.transaction(puts(0..3));
     let agent = rig.agent("192.168.10.1");
@@ -277,7 +160,7 @@ async fn programs_every_event_of_every_response() {
 
 #[tokio::test]
 async fn waits_for_a_usable_config() {
-    let rig = Rig::start().await;
+    let rig = EtcdRig::start().await;
     rig.registry
         .set(CONFIG_KEY, r#"{"Network": "10.50.0.0/16"}"#);
     let agent = rig.agent("192.168.10.1");
@@ -293,7 +176,7 @@ async fn waits_for_a_usable_config() {
 
 #[tokio::test]
 async fn a_restarted_agent_keeps_its_lease() {
-    let rig = Rig::start().await;
+    let rig = EtcdRig::start().await;
     rig.registry.set(CONFIG_KEY, CONFIG);
     let agent = rig.agent("192.168.10.1");
     let before = rig.until_leases(1).await;
@@ -312,7 +195,7 @@ async fn a_restarted_agent_keeps_its_lease() {
 
 #[tokio::test]
 async fn changes_missed_in_an_outage_or_compaction_are_found_by_listing_again() {
-    let rig = Rig::start().await;
+    let rig = EtcdRig::start().await;
     rig.registry.set(CONFIG_KEY, CONFIG);
     rig.registry.transaction(puts(0..10));
     let agent = rig.agent("192.168.10.1");
@@ -340,7 +223,7 @@ async fn changes_missed_in_an_outage_or_compaction_are_found_by_listing_again() 
 
 #[tokio::test]
 async fn our_deleted_lease_is_taken_again() {
-    let rig = Rig::start().await;
+    let rig = EtcdRig::start().await;
     rig.registry.set(CONFIG_KEY, CONFIG);
     let agent = rig.agent("192.168.10.1");
     let before = rig.until_leases(1).await;
@@ -353,7 +236,7 @@ async fn our_deleted_lease_is_taken_again() {
 
 #[tokio::test]
 async fn bad_leases_are_skipped_and_never_cost_a_good_route() {
-    let rig = Rig::start().await;
+    let rig = EtcdRig::start().await;
     rig.registry.set(CONFIG_KEY, CONFIG);
     rig.registry.transaction(puts(0..2));
     let agent = rig.agent("192.168.10.1");
@@ -372,7 +255,7 @@ async fn bad_leases_are_skipped_and_never_cost_a_good_route() {
 
 #[tokio::test]
 async fn agents_starting_together_get_different_subnets() {
-    let rig = Rig::start().await;
+    let rig = EtcdRig::start().await;
     // Room for exactly three subnets: every start contends.
     rig.registry.set(
         CONFIG_KEY,

@@ -16,7 +16,7 @@ use vxmgr::wire::etcd::{
     lease_client::LeaseClient, request_op, watch_client::WatchClient, watch_request,
 };
 
-use crate::registry::{Event, KeyValue, Listing, Registry, RegistryError, Watch, WatchMessage};
+use super::kv::{EtcdError, Event, KeyValue, Kv, Listing, Watch, WatchMessage};
 
 /// How to reach etcd.
 #[derive(Clone, Debug)]
@@ -139,7 +139,7 @@ impl Etcd {
 
     /// `message` as a request carrying the auth token (authenticating
     /// first when there is none yet).
-    async fn request<T>(&self, message: T) -> Result<Request<T>, RegistryError> {
+    async fn request<T>(&self, message: T) -> Result<Request<T>, EtcdError> {
         let mut request = Request::new(message);
         let Some((name, password)) = &self.credentials else {
             return Ok(request);
@@ -153,22 +153,23 @@ impl Etcd {
             let response = call(AuthClient::new(self.channel.clone()).authenticate(auth)).await?;
             *token = Some(response.token);
         }
-        let value = token.as_deref().unwrap_or_default().parse().map_err(|_| {
-            RegistryError::Refused("etcd gave an auth token that is not ASCII".into())
-        })?;
+        let value =
+            token.as_deref().unwrap_or_default().parse().map_err(|_| {
+                EtcdError::Refused("etcd gave an auth token that is not ASCII".into())
+            })?;
         request.metadata_mut().insert("token", value);
         Ok(request)
     }
 
     /// Maps a failed call, forgetting a token etcd no longer takes.
-    async fn failed(&self, error: RegistryError) -> RegistryError {
-        if matches!(&error, RegistryError::Refused(why) if why.contains("auth token")) {
+    async fn failed(&self, error: EtcdError) -> EtcdError {
+        if matches!(&error, EtcdError::Refused(why) if why.contains("auth token")) {
             *self.token.lock().await = None;
         }
         error
     }
 
-    async fn grant(&self, ttl: Duration) -> Result<i64, RegistryError> {
+    async fn grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
         let request = self
             .request(LeaseGrantRequest {
                 ttl: ttl.as_secs().max(1) as i64,
@@ -177,7 +178,7 @@ impl Etcd {
             .await?;
         let response = call(self.lease().lease_grant(request)).await?;
         if !response.error.is_empty() {
-            return Err(RegistryError::Refused(response.error));
+            return Err(EtcdError::Refused(response.error));
         }
         Ok(response.id)
     }
@@ -192,9 +193,9 @@ impl Etcd {
     async fn with_lease<T>(
         &self,
         ttl: Duration,
-        write: impl AsyncFnOnce(i64) -> Result<T, RegistryError>,
+        write: impl AsyncFnOnce(i64) -> Result<T, EtcdError>,
         done: impl Fn(&T) -> bool,
-    ) -> Result<T, RegistryError> {
+    ) -> Result<T, EtcdError> {
         let id = self.grant(ttl).await?;
         let result = write(id).await;
         if !result.as_ref().is_ok_and(done) {
@@ -207,25 +208,25 @@ impl Etcd {
 /// One unary call with its time limit, errors mapped.
 async fn call<T>(
     call: impl Future<Output = Result<tonic::Response<T>, Status>>,
-) -> Result<T, RegistryError> {
+) -> Result<T, EtcdError> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(response)) => Ok(response.into_inner()),
         Ok(Err(status)) => Err(status_error(&status)),
-        Err(_) => Err(RegistryError::Unavailable(format!(
+        Err(_) => Err(EtcdError::Unavailable(format!(
             "no answer within {}s",
             CALL_TIMEOUT.as_secs()
         ))),
     }
 }
 
-fn status_error(status: &Status) -> RegistryError {
+fn status_error(status: &Status) -> EtcdError {
     let message = status.message().to_string();
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
-            RegistryError::Unavailable(message)
+            EtcdError::Unavailable(message)
         }
-        Code::OutOfRange if message.contains("compacted") => RegistryError::Compacted(0),
-        _ => RegistryError::Refused(message),
+        Code::OutOfRange if message.contains("compacted") => EtcdError::Compacted(0),
+        _ => EtcdError::Refused(message),
     }
 }
 
@@ -249,8 +250,8 @@ fn key_value(kv: vxmgr::wire::etcd::KeyValue) -> KeyValue {
     }
 }
 
-impl Registry for Etcd {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>, RegistryError> {
+impl Kv for Etcd {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
         let request = self
             .request(RangeRequest {
                 key: key.as_bytes().to_vec(),
@@ -263,7 +264,7 @@ impl Registry for Etcd {
         }
     }
 
-    async fn list(&self, prefix: &str) -> Result<Listing, RegistryError> {
+    async fn list(&self, prefix: &str) -> Result<Listing, EtcdError> {
         let end = prefix_end(prefix);
         let mut listing = Listing::default();
         let mut from = prefix.as_bytes().to_vec();
@@ -302,7 +303,7 @@ impl Registry for Etcd {
         guard: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<bool, RegistryError> {
+    ) -> Result<bool, EtcdError> {
         let created = self
             .with_lease(
                 ttl,
@@ -339,7 +340,7 @@ impl Registry for Etcd {
         }
     }
 
-    async fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), RegistryError> {
+    async fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), EtcdError> {
         let put = self
             .with_lease(
                 ttl,
@@ -362,7 +363,7 @@ impl Registry for Etcd {
         }
     }
 
-    async fn delete(&self, key: &str) -> Result<(), RegistryError> {
+    async fn delete(&self, key: &str) -> Result<(), EtcdError> {
         let request = self
             .request(DeleteRangeRequest {
                 key: key.as_bytes().to_vec(),
@@ -375,7 +376,7 @@ impl Registry for Etcd {
         }
     }
 
-    async fn watch(&self, prefix: &str, revision: i64) -> Result<Watch, RegistryError> {
+    async fn watch(&self, prefix: &str, revision: i64) -> Result<Watch, EtcdError> {
         let create = WatchRequest {
             request_union: Some(watch_request::RequestUnion::CreateRequest(
                 WatchCreateRequest {
@@ -408,7 +409,7 @@ impl Registry for Etcd {
             match tokio::time::timeout(CALL_TIMEOUT, { client }.watch(request)).await {
                 Ok(Ok(response)) => response.into_inner(),
                 Ok(Err(status)) => return Err(self.failed(status_error(&status)).await),
-                Err(_) => return Err(RegistryError::Unavailable("no answer to the watch".into())),
+                Err(_) => return Err(EtcdError::Unavailable("no answer to the watch".into())),
             };
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
@@ -419,7 +420,7 @@ impl Registry for Etcd {
                     Ok(r) if r.compact_revision > 0 => Ok(WatchMessage::Compacted {
                         compact_revision: r.compact_revision,
                     }),
-                    Ok(r) if r.canceled => Err(RegistryError::Refused(format!(
+                    Ok(r) if r.canceled => Err(EtcdError::Refused(format!(
                         "watch canceled: {}",
                         r.cancel_reason
                     ))),
@@ -448,9 +449,7 @@ impl Registry for Etcd {
                 }
             }
             let _ = tx
-                .send(Err(RegistryError::Unavailable(
-                    "the watch stream ended".into(),
-                )))
+                .send(Err(EtcdError::Unavailable("the watch stream ended".into())))
                 .await;
         });
         Ok(rx)

@@ -1,5 +1,5 @@
 //! etcd as calc-flannel needs it, behind one small trait: the real client
-//! (`etcd.rs`) and an in-memory one for tests (`memory_registry.rs`).
+//! (`client.rs`) and an in-memory one for tests (`memory.rs`).
 
 use std::future::Future;
 use std::time::Duration;
@@ -39,7 +39,7 @@ pub enum WatchMessage {
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
-pub enum RegistryError {
+pub enum EtcdError {
     #[error("etcd unreachable: {0}")]
     Unavailable(String),
     #[error("etcd refused: {0}")]
@@ -50,16 +50,13 @@ pub enum RegistryError {
 
 /// A watch: its messages, until an error or the end of the channel says
 /// it broke.
-pub type Watch = mpsc::Receiver<Result<WatchMessage, RegistryError>>;
+pub type Watch = mpsc::Receiver<Result<WatchMessage, EtcdError>>;
 
-pub trait Registry: Send + Sync + 'static {
-    fn get(
-        &self,
-        key: &str,
-    ) -> impl Future<Output = Result<Option<KeyValue>, RegistryError>> + Send;
+pub trait Kv: Send + Sync + 'static {
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<KeyValue>, EtcdError>> + Send;
 
     /// Every key under `prefix`.
-    fn list(&self, prefix: &str) -> impl Future<Output = Result<Listing, RegistryError>> + Send;
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<Listing, EtcdError>> + Send;
 
     /// Creates `key`, bound to a new etcd lease of `ttl`, unless a key
     /// starting with `guard` (`key` itself, or a prefix of it) exists: one
@@ -70,7 +67,7 @@ pub trait Registry: Send + Sync + 'static {
         guard: &str,
         value: &str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<bool, RegistryError>> + Send;
+    ) -> impl Future<Output = Result<bool, EtcdError>> + Send;
 
     /// Writes `key` bound to a new etcd lease of `ttl`, as flannel renews
     /// its lease.
@@ -79,14 +76,14 @@ pub trait Registry: Send + Sync + 'static {
         key: &str,
         value: &str,
         ttl: Duration,
-    ) -> impl Future<Output = Result<(), RegistryError>> + Send;
+    ) -> impl Future<Output = Result<(), EtcdError>> + Send;
 
-    fn delete(&self, key: &str) -> impl Future<Output = Result<(), RegistryError>> + Send;
+    fn delete(&self, key: &str) -> impl Future<Output = Result<(), EtcdError>> + Send;
 
     /// Every change under `prefix` from `revision` on.
     fn watch(
         &self,
         prefix: &str,
         revision: i64,
-    ) -> impl Future<Output = Result<Watch, RegistryError>> + Send;
+    ) -> impl Future<Output = Result<Watch, EtcdError>> + Send;
 }

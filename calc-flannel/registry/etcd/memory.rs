@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::registry::{Event, KeyValue, Listing, Registry, RegistryError, Watch, WatchMessage};
+use super::kv::{EtcdError, Event, KeyValue, Kv, Listing, Watch, WatchMessage};
 
 #[derive(Default)]
 struct Store {
@@ -17,7 +17,7 @@ struct Store {
     /// Every change, by revision, from `compacted` on.
     history: Vec<(i64, Event)>,
     compacted: i64,
-    watchers: Vec<(String, mpsc::Sender<Result<WatchMessage, RegistryError>>)>,
+    watchers: Vec<(String, mpsc::Sender<Result<WatchMessage, EtcdError>>)>,
     down: bool,
     /// Writes per TTL: tests check that leases are bound to one.
     ttls: Vec<Duration>,
@@ -26,14 +26,14 @@ struct Store {
 }
 
 #[derive(Clone, Default)]
-pub struct MemoryRegistry {
+pub struct MemoryEtcd {
     store: Arc<Mutex<Store>>,
 }
 
 impl Store {
-    fn check(&self) -> Result<(), RegistryError> {
+    fn check(&self) -> Result<(), EtcdError> {
         if self.down {
-            Err(RegistryError::Unavailable("the test took it down".into()))
+            Err(EtcdError::Unavailable("the test took it down".into()))
         } else {
             Ok(())
         }
@@ -79,11 +79,8 @@ fn key_of(event: &Event) -> &str {
     }
 }
 
-impl MemoryRegistry {
-    fn with<T>(
-        &self,
-        f: impl FnOnce(&mut Store) -> Result<T, RegistryError>,
-    ) -> Result<T, RegistryError> {
+impl MemoryEtcd {
+    fn with<T>(&self, f: impl FnOnce(&mut Store) -> Result<T, EtcdError>) -> Result<T, EtcdError> {
         let mut store = self.store.lock().unwrap();
         store.check()?;
         f(&mut store)
@@ -136,7 +133,7 @@ impl MemoryRegistry {
         store.down = down;
         if down {
             for (_, tx) in store.watchers.drain(..) {
-                let _ = tx.try_send(Err(RegistryError::Unavailable("went down".into())));
+                let _ = tx.try_send(Err(EtcdError::Unavailable("went down".into())));
             }
         }
     }
@@ -168,8 +165,8 @@ impl MemoryRegistry {
     }
 }
 
-impl Registry for MemoryRegistry {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>, RegistryError> {
+impl Kv for MemoryEtcd {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
         self.with(|s| {
             *s.gets.entry(key.to_string()).or_default() += 1;
             Ok(s.keys.get(key).map(|value| KeyValue {
@@ -179,7 +176,7 @@ impl Registry for MemoryRegistry {
         })
     }
 
-    async fn list(&self, prefix: &str) -> Result<Listing, RegistryError> {
+    async fn list(&self, prefix: &str) -> Result<Listing, EtcdError> {
         self.with(|s| {
             Ok(Listing {
                 kvs: s
@@ -202,7 +199,7 @@ impl Registry for MemoryRegistry {
         guard: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<bool, RegistryError> {
+    ) -> Result<bool, EtcdError> {
         self.with(|s| {
             if s.keys.keys().any(|k| k.starts_with(guard)) {
                 return Ok(false);
@@ -216,7 +213,7 @@ impl Registry for MemoryRegistry {
         })
     }
 
-    async fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), RegistryError> {
+    async fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), EtcdError> {
         self.with(|s| {
             s.ttls.push(ttl);
             s.commit(vec![Event::Put(KeyValue {
@@ -227,7 +224,7 @@ impl Registry for MemoryRegistry {
         })
     }
 
-    async fn delete(&self, key: &str) -> Result<(), RegistryError> {
+    async fn delete(&self, key: &str) -> Result<(), EtcdError> {
         self.with(|s| {
             if s.keys.contains_key(key) {
                 s.commit(vec![Event::Delete { key: key.into() }]);
@@ -236,7 +233,7 @@ impl Registry for MemoryRegistry {
         })
     }
 
-    async fn watch(&self, prefix: &str, revision: i64) -> Result<Watch, RegistryError> {
+    async fn watch(&self, prefix: &str, revision: i64) -> Result<Watch, EtcdError> {
         self.with(|s| {
             let (tx, rx) = mpsc::channel(1024);
             if revision < s.compacted {
