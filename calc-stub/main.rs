@@ -2,7 +2,6 @@
 //! streams into vxmgrd and generates synthetic clusters.
 
 mod demo;
-mod flannel_demo;
 mod generate;
 mod replay;
 // The namespace testbed. The demo runs on its cluster; tests/ and benches/

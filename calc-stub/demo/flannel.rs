@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::testbed::{self, FlannelCluster, Pod};
 
+use super::{DemoArgs, binaries, ping_pod, show, step};
 use crate::StubError;
-use crate::demo::{DemoArgs, binaries, ping_pod, show, step};
 
 const VXLAN: &str = r#"{"Network": "10.50.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:50::/48", "Backend": {"Type": "vxlan"}}"#;
 const HOST_GW: &str = r#"{"Network": "10.50.0.0/16", "EnableIPv6": true, "IPv6Network": "fd00:50::/48", "Backend": {"Type": "host-gw"}}"#;
