@@ -1,7 +1,9 @@
 //! flannel mode end to end: a real etcd on the underlay and, on each node
 //! of a namespace cluster, the real calc-flannel and vxmgrd binaries.
 //! Needs root and the etcd binary; skips without them unless
-//! VXMGR_REQUIRE_NETNS=1 / VXMGR_REQUIRE_ETCD=1.
+//! VXMGR_REQUIRE_NETNS=1 / VXMGR_REQUIRE_ETCD=1. The kube-mode tests need
+//! a kube-apiserver too (VXMGR_REQUIRE_KUBE); the one mixing in flannel's
+//! own flanneld runs only when FLANNELD names it.
 
 mod support;
 
@@ -9,7 +11,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use support::cni;
-use support::flannel::{block_on, can_run, cluster};
+use support::flannel::{block_on, can_run, cluster, flanneld};
 use support::kube::kube_available;
 use support::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
 use support::testbed::{self, FlannelCluster, Monitor, Pod, census};
@@ -125,6 +127,23 @@ fn all_routes(ns: &str) -> BTreeSet<String> {
 /// Waits until `ns` has (or, with `present` false, no longer has) a route
 /// to `dst` of vxmgr's; the route's description.
 fn wait_route(ns: &str, dst: &str, present: bool) -> Option<String> {
+    wait_listed_route(ns, dst, present, routes)
+}
+
+/// [`wait_route`] for a route of anyone's in the main table (flanneld's).
+fn wait_any_route(ns: &str, dst: &str, present: bool) -> Option<String> {
+    wait_listed_route(ns, dst, present, |ns, family| {
+        census::routes_selected(ns, family, &[]).unwrap()
+    })
+}
+
+/// Waits until `list` shows (or no longer shows) a route to `dst` in `ns`.
+fn wait_listed_route(
+    ns: &str,
+    dst: &str,
+    present: bool,
+    list: impl Fn(&str, Family) -> BTreeSet<String>,
+) -> Option<String> {
     let family = if dst.contains(':') {
         Family::V6
     } else {
@@ -132,7 +151,7 @@ fn wait_route(ns: &str, dst: &str, present: bool) -> Option<String> {
     };
     let deadline = Instant::now() + WAIT;
     loop {
-        let found = routes(ns, family)
+        let found = list(ns, family)
             .into_iter()
             .find(|r| r.starts_with(&format!("{dst} ")));
         if found.is_some() == present {
@@ -142,7 +161,7 @@ fn wait_route(ns: &str, dst: &str, present: bool) -> Option<String> {
             Instant::now() < deadline,
             "{ns}: route to {dst} {} within {WAIT:?}; routes: {:#?}",
             if present { "not there" } else { "still there" },
-            routes(ns, family)
+            list(ns, family)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -165,9 +184,10 @@ fn ping(from: &Pod, to: &Pod, v6: bool) -> bool {
     testbed::try_in(&from.ns, &args).unwrap().status.success()
 }
 
-/// Each node's pod pings the next node's, over IPv4 and IPv6.
-fn pods_ping_around(pods: &[Pod]) {
-    for (from, to) in [(1u8, 2u8), (2, 3), (3, 1)] {
+/// For each `(from, to)`, node `from`'s pod pings node `to`'s, over IPv4
+/// and IPv6.
+fn pods_ping(pods: &[Pod], pairs: &[(u8, u8)]) {
+    for &(from, to) in pairs {
         let (a, b) = (&pods[usize::from(from) - 1], &pods[usize::from(to) - 1]);
         for v6 in [false, true] {
             assert!(
@@ -292,15 +312,14 @@ fn vxlan_nodes_lease_subnets_and_pods_ping_over_ipv4_and_ipv6() {
     }
 }
 
-#[test]
-fn nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6() {
-    let test = "nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6";
-    if !can_run(test) || !kube_available(test) {
-        return;
-    }
-    let mut c = cluster(3);
+/// A cluster of `n` nodes on a kube-apiserver, each node with its Node
+/// (podCIDRs 10.50.<i>.0/24 and fd00:50:0:<i>::/64), and the dual-stack
+/// vxlan net-conf written: the flags every node's agent (calc-flannel or
+/// flanneld) runs with.
+fn kube_cluster(n: u8) -> (FlannelCluster, Vec<String>) {
+    let mut c = cluster(n);
     let kube = c.start_kube_api().unwrap();
-    for i in 1..=3 {
+    for i in 1..=n {
         let node = serde_json::json!({
             "apiVersion": "v1",
             "kind": "Node",
@@ -312,56 +331,231 @@ fn nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6() {
     }
     let net_conf = c.cluster.dir.join("net-conf.json");
     std::fs::write(&net_conf, VXLAN_DUAL_STACK).unwrap();
-    let kubeconfig = c.kubeconfig();
-    for node in &mut c.cluster.nodes {
-        node.start_daemon(&[]).unwrap();
-    }
-    for i in 1..=3 {
-        let args = [
-            "--kube-subnet-mgr",
-            "--kubeconfig-file",
-            kubeconfig.to_str().unwrap(),
-            "--net-config-path",
-            net_conf.to_str().unwrap(),
-            "--iface",
-            "eth0",
-        ];
+    let args = [
+        "--kube-subnet-mgr",
+        "--kubeconfig-file",
+        c.kubeconfig().to_str().unwrap(),
+        "--net-config-path",
+        net_conf.to_str().unwrap(),
+        "--iface",
+        "eth0",
+    ]
+    .map(String::from)
+    .into();
+    (c, args)
+}
+
+/// Node `i`'s Node's flannel annotation `name`.
+fn annotation(c: &FlannelCluster, i: u8, name: &str) -> String {
+    let path = format!("jsonpath={{.metadata.annotations.flannel\\.alpha\\.coreos\\.com/{name}}}");
+    c.kube
+        .as_ref()
+        .expect("kube mode")
+        .kubectl(&["get", "node", &format!("node-{i}"), "-o", &path])
+        .unwrap()
+}
+
+/// Starts vxmgrd and calc-flannel (with `args`, as Node `node-<i>`) on
+/// each of `nodes`.
+fn start_kube_agents(c: &mut FlannelCluster, nodes: &[u8], args: &[String]) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    for &i in nodes {
+        c.cluster.node_mut(i).start_daemon(&[]).unwrap();
         c.start_agent(i, &args, &[("NODE_NAME", &format!("node-{i}"))])
             .unwrap();
     }
-    let (subnets, pods) = subnets_and_pods(&c);
-    for (i, s) in subnets.iter().enumerate() {
-        let n = i + 1;
-        assert_eq!(
-            s.v4.to_string(),
-            format!("10.50.{n}.0/24"),
-            "the Node's podCIDR"
-        );
-        assert_eq!(s.v6.unwrap().to_string(), format!("fd00:50:0:{n}::/64"));
+}
+
+/// Asserts that node `i`'s subnets are its Node's podCIDRs.
+fn assert_pod_cidrs(i: u8, s: &Subnets) {
+    assert_eq!(
+        s.v4.to_string(),
+        format!("10.50.{i}.0/24"),
+        "the Node's podCIDR"
+    );
+    assert_eq!(s.v6.unwrap().to_string(), format!("fd00:50:0:{i}::/64"));
+}
+
+#[test]
+fn nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6() {
+    let test = "nodes_on_the_kube_api_route_pods_over_ipv4_and_ipv6";
+    if !can_run(test) || !kube_available(test) {
+        return;
     }
-    let kube = c.kube.as_ref().unwrap();
+    let (mut c, args) = kube_cluster(3);
+    start_kube_agents(&mut c, &[1, 2, 3], &args);
+    let (subnets, pods) = subnets_and_pods(&c);
+    for (i, s) in (1..).zip(&subnets) {
+        assert_pod_cidrs(i, s);
+    }
     for i in 1..=3u8 {
-        let annotation = |name: &str| {
-            let path =
-                format!("jsonpath={{.metadata.annotations.flannel\\.alpha\\.coreos\\.com/{name}}}");
-            kube.kubectl(&["get", "node", &format!("node-{i}"), "-o", &path])
-                .unwrap()
-        };
         let node = c.cluster.node(i);
-        assert_eq!(annotation("public-ip"), node.underlay_v4());
-        assert_eq!(annotation("public-ipv6"), node.underlay_v6());
-        assert_eq!(annotation("backend-type"), "vxlan");
+        assert_eq!(annotation(&c, i, "public-ip"), node.underlay_v4());
+        assert_eq!(annotation(&c, i, "public-ipv6"), node.underlay_v6());
+        assert_eq!(annotation(&c, i, "backend-type"), "vxlan");
     }
 
     // Pod to pod, IPv4 and IPv6, through the tunnels.
-    pods_ping_around(&pods);
+    pods_ping(&pods, &[(1, 2), (2, 3), (3, 1)]);
 
     // A Node deleted: the others drop its routes.
+    let kube = c.kube.as_ref().unwrap();
     kube.kubectl(&["delete", "node", "node-3"]).unwrap();
     for i in [1, 2] {
         let ns = &c.cluster.node(i).ns;
         wait_route(ns, &subnets[2].v4.to_string(), false);
         wait_route(ns, &subnets[2].v6.unwrap().to_string(), false);
+    }
+}
+
+/// The MAC address of link `dev` in `ns`.
+fn link_mac(ns: &str, dev: &str) -> String {
+    testbed::ip_json(ns, &["link", "show", dev]).unwrap()[0]["address"]
+        .as_str()
+        .expect("a MAC address")
+        .to_string()
+}
+
+/// The `VtepMAC` in a backend-data annotation.
+fn vtep_mac(backend_data: &str) -> String {
+    let data: serde_json::Value = serde_json::from_str(backend_data)
+        .unwrap_or_else(|e| panic!("backend data {backend_data:?}: {e}"));
+    assert_eq!(data["VNI"], 1, "{backend_data}");
+    data["VtepMAC"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no VtepMAC in {backend_data}"))
+        .to_string()
+}
+
+/// Whether `ns` has a permanent neighbour `address` → `mac` on `dev`.
+fn has_neighbour(ns: &str, dev: &str, address: &str, mac: &str) -> bool {
+    testbed::ip_json(ns, &["neigh", "show", "dev", dev])
+        .unwrap()
+        .as_array()
+        .is_some_and(|all| {
+            all.iter()
+                .any(|n| n["dst"] == address && n["lladdr"] == mac)
+        })
+}
+
+#[test]
+fn flanneld_and_calc_flannel_nodes_share_one_kube_api_and_route_pods() {
+    let test = "flanneld_and_calc_flannel_nodes_share_one_kube_api_and_route_pods";
+    let Some(flanneld) = flanneld(test) else {
+        return;
+    };
+    if !can_run(test) || !kube_available(test) {
+        return;
+    }
+    // Node 1 runs flannel's own flanneld, which programs its kernel
+    // itself; nodes 2 and 3 run calc-flannel and vxmgrd.
+    let (mut c, args) = kube_cluster(3);
+    let flanneld_args: Vec<&str> = args.iter().map(String::as_str).collect();
+    c.start_flanneld(1, &flanneld, &flanneld_args, &[("NODE_NAME", "node-1")])
+        .unwrap();
+    start_kube_agents(&mut c, &[2, 3], &args);
+    let (subnets, pods) = subnets_and_pods(&c);
+    for (i, s) in (1..).zip(&subnets) {
+        assert_pod_cidrs(i, s);
+    }
+
+    // Each side publishes its VTEPs the same way.
+    let flannel_ns = c.cluster.node(1).ns.clone();
+    for i in 1..=3u8 {
+        let node = c.cluster.node(i);
+        assert_eq!(annotation(&c, i, "public-ip"), node.underlay_v4());
+        assert_eq!(annotation(&c, i, "public-ipv6"), node.underlay_v6());
+        assert_eq!(annotation(&c, i, "backend-type"), "vxlan");
+        assert_eq!(annotation(&c, i, "kube-subnet-manager"), "true");
+        for (data, dev) in [
+            ("backend-data", "flannel.1"),
+            ("backend-v6-data", "flannel-v6.1"),
+        ] {
+            let mac = vtep_mac(&annotation(&c, i, data));
+            assert_eq!(mac, link_mac(&node.ns, dev), "node-{i}'s {dev}");
+        }
+    }
+    for dev in ["flannel.1", "flannel-v6.1"] {
+        let link = testbed::ip_json(&flannel_ns, &["-d", "link", "show", dev]).unwrap();
+        let vxlan = &link[0]["linkinfo"]["info_data"];
+        assert_eq!(
+            (vxlan["id"].as_u64(), vxlan["port"].as_u64()),
+            (Some(1), Some(8472)),
+            "flanneld's {dev}: the VNI and port of ours"
+        );
+    }
+
+    // Our nodes read flanneld's Node: routes to its podCIDRs through its
+    // VTEPs.
+    let theirs = &subnets[0];
+    for (v6, dev, data) in [
+        (false, "flannel.1", "backend-data"),
+        (true, "flannel-v6.1", "backend-v6-data"),
+    ] {
+        let net = if v6 { theirs.v6.unwrap() } else { theirs.v4 };
+        let mac = vtep_mac(&annotation(&c, 1, data));
+        for i in [2, 3] {
+            let ns = &c.cluster.node(i).ns;
+            let route = wait_route(ns, &net.to_string(), true).unwrap();
+            let gateway = net.network();
+            assert!(
+                route.contains(&format!("via {gateway} dev {dev} onlink")),
+                "node-{i}: {route}"
+            );
+            assert!(
+                has_neighbour(ns, dev, &gateway.to_string(), &mac),
+                "node-{i}: neighbour {gateway} → {mac} on {dev}"
+            );
+        }
+    }
+    // flanneld reads ours: its routes to our podCIDRs through flannel.1
+    // (and flannel-v6.1), to our VTEPs' MACs.
+    for i in [2u8, 3] {
+        let ours = &subnets[usize::from(i) - 1];
+        for (v6, dev, data) in [
+            (false, "flannel.1", "backend-data"),
+            (true, "flannel-v6.1", "backend-v6-data"),
+        ] {
+            let net = if v6 { ours.v6.unwrap() } else { ours.v4 };
+            let gateway = net.network();
+            let route = wait_any_route(&flannel_ns, &net.to_string(), true).unwrap();
+            assert!(
+                route.contains(&format!("via {gateway} dev {dev} onlink")),
+                "flanneld's node: {route}"
+            );
+            let mac = vtep_mac(&annotation(&c, i, data));
+            assert!(
+                has_neighbour(&flannel_ns, dev, &gateway.to_string(), &mac),
+                "flanneld's node: neighbour {gateway} → {mac} (node-{i}) on {dev}"
+            );
+        }
+    }
+
+    // Pods on flanneld's node and on ours ping each other, both ways, over
+    // IPv4 and IPv6, through flanneld's tunnels.
+    let sent = ["flannel.1", "flannel-v6.1"].map(|dev| tx_packets(&flannel_ns, dev));
+    pods_ping(&pods, &[(1, 2), (2, 1), (1, 3), (3, 1)]);
+    for (dev, before) in ["flannel.1", "flannel-v6.1"].into_iter().zip(sent) {
+        assert!(
+            tx_packets(&flannel_ns, dev) >= before + 12,
+            "flanneld's {dev} carried the pings"
+        );
+    }
+    for i in [2, 3] {
+        let failing = dataplane_state(&c, i).failing_objects;
+        assert!(failing.is_empty(), "node-{i}: {failing:?}");
+    }
+
+    // One of our Nodes deleted: flanneld drops its routes, and so does our
+    // other node.
+    c.kube
+        .as_ref()
+        .unwrap()
+        .kubectl(&["delete", "node", "node-3"])
+        .unwrap();
+    for net in [subnets[2].v4, subnets[2].v6.unwrap()] {
+        wait_any_route(&flannel_ns, &net.to_string(), false);
+        wait_route(&c.cluster.node(2).ns, &net.to_string(), false);
     }
 }
 
@@ -520,7 +714,7 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
             );
         }
     }
-    pods_ping_around(&pods);
+    pods_ping(&pods, &[(1, 2), (2, 3), (3, 1)]);
 
     // A node off this segment is reported, not routed; bad leases are
     // skipped with a warning naming them; every good route stays.

@@ -202,10 +202,15 @@ fn device(ns: &str, family: Family) -> Result<Option<String>> {
 /// vxmgr's routes of one family, as `dst [nhid] via gw dev D [onlink] [mtu
 /// M]`, `dst dev D [scope S] [mtu M]` or `blackhole dst`.
 pub fn routes(ns: &str, family: Family) -> Result<BTreeSet<String>> {
-    let listed = ip_json(
-        ns,
-        &[family_flag(family), "route", "show", "proto", PROTOCOL],
-    )?;
+    routes_selected(ns, family, &["proto", PROTOCOL])
+}
+
+/// The routes of one family that `ip route show <selector>` lists (whoever
+/// made them), described as [`routes`] does.
+pub fn routes_selected(ns: &str, family: Family, selector: &[&str]) -> Result<BTreeSet<String>> {
+    let mut args = vec![family_flag(family), "route", "show"];
+    args.extend_from_slice(selector);
+    let listed = ip_json(ns, &args)?;
     Ok(items(&listed).iter().map(describe_route).collect())
 }
 

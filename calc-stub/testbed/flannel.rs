@@ -2,6 +2,7 @@
 //! on the bridge), and on each node calc-flannel next to vxmgrd. In kube
 //! mode, a kube-apiserver on the underlay too (192.168.10.253).
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -133,6 +134,42 @@ impl FlannelCluster {
     /// the node's vxmgrd, its log appended to the node's agent log. It
     /// reaches etcd only from flags or variables given here.
     pub fn start_agent(&mut self, index: u8, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+        let socket = self.cluster.node(index).socket.clone();
+        let mut full: Vec<&OsStr> = vec!["--socket".as_ref(), socket.as_ref()];
+        full.extend(args.iter().map(OsStr::new));
+        let calc_flannel = self.calc_flannel.clone();
+        let log_spec = [
+            ("CALC_FLANNEL_LOG", "info,calc_flannel=debug"),
+            ("NO_COLOR", "1"),
+        ];
+        let env: Vec<(&str, &str)> = log_spec.iter().chain(env).copied().collect();
+        self.spawn_agent(index, &calc_flannel, &full, &env)
+    }
+
+    /// Starts flannel's own `flanneld` (the binary at `flanneld`) on node
+    /// `index` in place of calc-flannel and vxmgrd, with `args` and `env`:
+    /// it programs the node's kernel itself. Its log goes to the node's
+    /// agent log; it is stopped like an agent.
+    pub fn start_flanneld(
+        &mut self,
+        index: u8,
+        flanneld: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
+        let full: Vec<&OsStr> = args.iter().map(OsStr::new).collect();
+        self.spawn_agent(index, flanneld, &full, env)
+    }
+
+    /// Runs `program --subnet-file <node's subnet file> <args>` in node
+    /// `index`'s namespace as the node's agent (replacing one running).
+    fn spawn_agent(
+        &mut self,
+        index: u8,
+        program: &Path,
+        args: &[&OsStr],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
         if self.agents[usize::from(index) - 1].is_some() {
             self.stop_agent(index, libc::SIGTERM)?;
         }
@@ -143,20 +180,16 @@ impl FlannelCluster {
             .open(self.agent_log_path(index))?;
         let mut child = Command::new("ip")
             .args(["netns", "exec", &node.ns])
-            .arg(&self.calc_flannel)
-            .arg("--socket")
-            .arg(&node.socket)
+            .arg(program)
             .arg("--subnet-file")
             .arg(self.subnet_file(index))
             .args(args)
             .envs(env.iter().copied())
-            .env("CALC_FLANNEL_LOG", "info,calc_flannel=debug")
-            .env("NO_COLOR", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| TestbedError::Spawn {
-                command: format!("calc-flannel in {}", node.ns),
+                command: format!("{} in {}", program.display(), node.ns),
                 source,
             })?;
         let stderr = child.stderr.take().expect("stderr is piped");
@@ -169,14 +202,14 @@ impl FlannelCluster {
         Ok(())
     }
 
-    /// Stops node `index`'s calc-flannel with `signal` and waits for it.
+    /// Stops node `index`'s agent with `signal` and waits for it.
     pub fn stop_agent(&mut self, index: u8, signal: i32) -> Result<ExitStatus> {
         let Some(mut child) = self.agents[usize::from(index) - 1].take() else {
             return Err(TestbedError::Io(std::io::Error::other(format!(
-                "node-{index}: no calc-flannel running"
+                "node-{index}: no agent running"
             ))));
         };
-        // `ip netns exec` execs calc-flannel: the child's pid is its own.
+        // `ip netns exec` execs the agent: the child's pid is its own.
         // SAFETY: kill(2) on our own child.
         unsafe {
             libc::kill(child.id() as i32, signal);

@@ -3,6 +3,7 @@
 //! (`VXMGR_REQUIRE_NETNS=1`, `VXMGR_REQUIRE_ETCD=1`, `VXMGR_REQUIRE_CNI=1`),
 //! and the cluster with this build's binaries.
 
+use std::path::PathBuf;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -42,6 +43,31 @@ pub fn etcd_available(test: &str) -> bool {
 /// plugins that make its pods).
 pub fn can_run(test: &str) -> bool {
     netns_can_run(test) && etcd_available(test) && cni::plugins_available(test)
+}
+
+/// The flanneld the interop test runs: `$FLANNELD`, a flanneld v0.20.x.
+/// The test is opt-in: without the variable it skips, whatever the
+/// `VXMGR_REQUIRE_*` variables say; set to anything but a flanneld v0.20.x,
+/// it fails.
+pub fn flanneld(test: &str) -> Option<PathBuf> {
+    let Some(path) = std::env::var_os("FLANNELD").map(PathBuf::from) else {
+        say(&format!(
+            "SKIPPED {test}: set FLANNELD to a flanneld v0.20.x binary"
+        ));
+        return None;
+    };
+    // flanneld prints its version on stderr.
+    let output = Command::new(&path)
+        .arg("--version")
+        .output()
+        .unwrap_or_else(|e| panic!("{test}: FLANNELD={}: {e}", path.display()));
+    let version = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    assert!(
+        version.starts_with("v0.20."),
+        "{test}: FLANNELD={} is flanneld {version:?}, not v0.20.x",
+        path.display()
+    );
+    Some(path)
 }
 
 /// Runs `future` on a runtime of its own, from a synchronous test.
