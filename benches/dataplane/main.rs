@@ -15,6 +15,7 @@ mod flannel;
 mod ingest;
 mod inprocess;
 mod iproute;
+mod kube;
 mod netns;
 mod report;
 mod resync;
@@ -76,6 +77,7 @@ fn main() -> ExitCode {
             Scenario::Rss => rss::run(&bench),
             Scenario::Soak => soak::run(&bench),
             Scenario::Flannel => flannel::run(&bench),
+            Scenario::Kube => kube::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(
