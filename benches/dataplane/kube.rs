@@ -336,11 +336,10 @@ fn await_changes(monitor: &mut Monitor, expected: HashSet<String>) -> Result<Ins
 /// FDB entry each.
 fn check_all(ns: &str, total: u32, changed: u32) -> Result<()> {
     let mac = |i: u32| vtep_mac(i, u8::from(i < changed));
-    let routes: BTreeSet<String> =
-        crate::testbed::census::routes(ns, vxmgr::model::Family::V4)?
-            .iter()
-            .filter_map(|r| r.split_whitespace().next().map(str::to_string))
-            .collect();
+    let routes: BTreeSet<String> = crate::testbed::census::routes(ns, vxmgr::model::Family::V4)?
+        .iter()
+        .filter_map(|r| r.split_whitespace().next().map(str::to_string))
+        .collect();
     let want: BTreeSet<String> = (0..total).map(dst).collect();
     ensure!(
         routes == want,
@@ -368,8 +367,10 @@ fn check_all(ns: &str, total: u32, changed: u32) -> Result<()> {
         neighbours.len(),
     );
 
-    let fdb: serde_json::Value =
-        serde_json::from_str(&run_in(ns, &["bridge", "-j", "fdb", "show", "dev", DEVICE])?)?;
+    let fdb: serde_json::Value = serde_json::from_str(&run_in(
+        ns,
+        &["bridge", "-j", "fdb", "show", "dev", DEVICE],
+    )?)?;
     let fdb: BTreeSet<(String, String)> = list(&fdb)
         .filter(|e| !e["dst"].is_null())
         .map(|e| (field(e, "mac"), field(e, "dst")))
