@@ -178,21 +178,20 @@ impl NodesApi {
         self.runtime.block_on(self.runtime.spawn(work))?
     }
 
-    /// Creates `nodes`, `IN_FLIGHT` at a time.
-    fn create_all(&self, nodes: Vec<Node>) -> Result<()> {
+    /// Runs `request` for each of `items`, `IN_FLIGHT` at a time.
+    fn each<T, F>(
+        &self,
+        items: Vec<T>,
+        request: impl Fn(Api<Node>, T) -> F + Send + Sync + 'static,
+    ) -> Result<()>
+    where
+        T: Send + 'static,
+        F: Future<Output = Result<()>> + Send + 'static,
+    {
         let api = self.nodes.clone();
         self.run(async move {
-            let results: Vec<Result<()>> = futures::stream::iter(nodes)
-                .map(|node| {
-                    let api = api.clone();
-                    async move {
-                        let name = node.metadata.name.clone().unwrap_or_default();
-                        api.create(&PostParams::default(), &node)
-                            .await
-                            .with_context(|| format!("creating Node {name}"))?;
-                        Ok(())
-                    }
-                })
+            let results: Vec<Result<()>> = futures::stream::iter(items)
+                .map(|item| request(api.clone(), item))
                 .buffer_unordered(IN_FLIGHT)
                 .collect()
                 .await;
@@ -200,29 +199,27 @@ impl NodesApi {
         })
     }
 
-    /// Patches other Nodes `range` to their VTEP MAC of `generation`,
-    /// `IN_FLIGHT` at a time.
+    fn create_all(&self, nodes: Vec<Node>) -> Result<()> {
+        self.each(nodes, |api, node| async move {
+            let name = node.metadata.name.clone().unwrap_or_default();
+            api.create(&PostParams::default(), &node)
+                .await
+                .with_context(|| format!("creating Node {name}"))?;
+            Ok(())
+        })
+    }
+
+    /// Patches other Nodes `range` to their VTEP MAC of `generation`.
     fn change_macs(&self, range: std::ops::Range<u32>, generation: u8) -> Result<()> {
-        let api = self.nodes.clone();
-        self.run(async move {
-            let results: Vec<Result<()>> = futures::stream::iter(range)
-                .map(|i| {
-                    let api = api.clone();
-                    async move {
-                        let patch = serde_json::json!({
-                            "metadata": {"annotations": annotations(i, generation)}
-                        });
-                        let name = format!("other-{i}");
-                        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                            .await
-                            .with_context(|| format!("patching Node {name}"))?;
-                        Ok(())
-                    }
-                })
-                .buffer_unordered(IN_FLIGHT)
-                .collect()
-                .await;
-            results.into_iter().collect()
+        self.each(range.collect(), move |api, i| async move {
+            let patch = serde_json::json!({
+                "metadata": {"annotations": annotations(i, generation)}
+            });
+            let name = format!("other-{i}");
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .with_context(|| format!("patching Node {name}"))?;
+            Ok(())
         })
     }
 }
