@@ -24,6 +24,10 @@ pub enum Scenario {
     /// flannel plugin, bridge, host-local, portmap): time per ADD and DEL
     /// (root, the system's CNI plugins).
     Cni,
+    /// calc-flannel --kube-subnet-mgr + vxmgrd on one node and a real
+    /// kube-apiserver: N Nodes to the kernel, cold, one at a time and a
+    /// burst of updates (root, etcd, VXMGR_KUBE_APISERVER/VXMGR_KUBECTL).
+    Kube,
 }
 
 impl Scenario {
@@ -37,6 +41,7 @@ impl Scenario {
                 | Scenario::Soak
                 | Scenario::Flannel
                 | Scenario::Cni
+                | Scenario::Kube
         )
     }
 }
@@ -105,6 +110,15 @@ pub struct Cli {
     /// Pods added and deleted in cni [default: 100; --quick: 20].
     #[arg(long)]
     pub cni_pods: Option<u32>,
+    /// Other Nodes for kube [default: 1000,10000; --quick: 1000].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=60_000))]
+    pub kube_sizes: Option<Vec<u32>>,
+    /// Nodes created one at a time in kube [default: 200; --quick: 20].
+    #[arg(long)]
+    pub kube_single: Option<u32>,
+    /// Nodes changing their VTEP MAC at once in kube [default: 600; --quick: 100].
+    #[arg(long)]
+    pub kube_burst: Option<u32>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub bench: bool,
@@ -126,6 +140,9 @@ pub struct Settings {
     pub flannel_sizes: Vec<u32>,
     pub flannel_single: u32,
     pub cni_pods: u32,
+    pub kube_sizes: Vec<u32>,
+    pub kube_single: u32,
+    pub kube_burst: u32,
 }
 
 impl Cli {
@@ -171,6 +188,13 @@ impl Cli {
             }),
             flannel_single: pick(self.flannel_single, 50, 10),
             cni_pods: pick(self.cni_pods, 100, 20),
+            kube_sizes: self.kube_sizes.clone().unwrap_or(if self.quick {
+                vec![1000]
+            } else {
+                vec![1000, 10_000]
+            }),
+            kube_single: pick(self.kube_single, 200, 20),
+            kube_burst: pick(self.kube_burst, 600, 100),
         }
     }
 }

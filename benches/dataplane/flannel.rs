@@ -22,7 +22,7 @@ use crate::cluster::CALC_STUB;
 use crate::daemon::VXMGRD;
 use crate::report::{Table, median, millis, quantile, secs};
 
-const CALC_FLANNEL: &str = env!("CARGO_BIN_EXE_calc-flannel");
+pub const CALC_FLANNEL: &str = env!("CARGO_BIN_EXE_calc-flannel");
 const NODES: u8 = 3;
 /// Puts in flight at once in a burst of single puts.
 const IN_FLIGHT: usize = 64;
@@ -51,17 +51,14 @@ impl Backend {
     }
 }
 
-/// Lease `i` of another node: 10.(1 + i/256).(i%256).0/24 (the cluster's
-/// own nodes lease from 10.0.x), its node at 172.16.(i/250).(i%250+1).
+/// Lease `i` of another node: [`dst`], its node at [`public_ip`].
 fn lease(backend: Backend, i: u32) -> (String, String) {
     let key = format!("{PREFIX}/subnets/10.{}.{}.0-24", 1 + i / 256, i % 256);
-    let public = format!("172.16.{}.{}", i / 250, i % 250 + 1);
+    let public = public_ip(i);
     let value = match backend {
         Backend::Vxlan => format!(
-            r#"{{"PublicIP":"{public}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"0e:00:00:{:02x}:{:02x}:{:02x}"}}}}"#,
-            i >> 16,
-            (i >> 8) & 0xff,
-            i & 0xff
+            r#"{{"PublicIP":"{public}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"{}"}}}}"#,
+            vtep_mac(i, 0)
         ),
         Backend::HostGw => {
             format!(r#"{{"PublicIP":"{public}","PublicIPv6":null,"BackendType":"host-gw"}}"#)
@@ -70,8 +67,25 @@ fn lease(backend: Backend, i: u32) -> (String, String) {
     (key, value)
 }
 
-fn dst(i: u32) -> String {
+/// The subnet of lease `i`: 10.(1 + i/256).(i%256).0/24 (the cluster's
+/// own nodes lease from 10.0.x).
+pub fn dst(i: u32) -> String {
     format!("10.{}.{}.0/24", 1 + i / 256, i % 256)
+}
+
+/// The address of lease `i`'s node: 172.16.(i/250).(i%250+1).
+pub fn public_ip(i: u32) -> String {
+    format!("172.16.{}.{}", i / 250, i % 250 + 1)
+}
+
+/// The VTEP MAC of lease `i`'s node, in its `generation`th version.
+pub fn vtep_mac(i: u32, generation: u8) -> String {
+    format!(
+        "0e:{generation:02x}:00:{:02x}:{:02x}:{:02x}",
+        i >> 16,
+        (i >> 8) & 0xff,
+        i & 0xff
+    )
 }
 
 /// What one size measured, for one backend.
@@ -140,7 +154,7 @@ pub fn run(bench: &Bench) -> Result<()> {
     Ok(())
 }
 
-fn binaries() -> Binaries {
+pub fn binaries() -> Binaries {
     Binaries {
         vxmgrd: VXMGRD.into(),
         calc_stub: CALC_STUB.into(),
@@ -187,7 +201,8 @@ fn monitors(c: &FlannelCluster) -> Result<Vec<Monitor>> {
         .collect::<crate::testbed::Result<_>>()?)
 }
 
-fn added(line: &str) -> bool {
+/// A route of ours added, as `ip monitor` reports it.
+pub fn added(line: &str) -> bool {
     !line.starts_with("Deleted") && line.contains(" proto 80")
 }
 

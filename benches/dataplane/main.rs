@@ -16,6 +16,7 @@ mod flannel;
 mod ingest;
 mod inprocess;
 mod iproute;
+mod kube;
 mod netns;
 mod report;
 mod resync;
@@ -78,6 +79,7 @@ fn main() -> ExitCode {
             Scenario::Soak => soak::run(&bench),
             Scenario::Flannel => flannel::run(&bench),
             Scenario::Cni => cni::run(&bench),
+            Scenario::Kube => kube::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(

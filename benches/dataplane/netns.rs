@@ -57,6 +57,16 @@ pub struct Netns {
     name: String,
 }
 
+/// Moves the calling thread into namespace `name` (`ip netns add`'s).
+/// Sockets belong to the namespace of the thread that opens them, and
+/// threads start in their parent's.
+pub fn enter(name: &str) -> Result<()> {
+    let path = format!("/run/netns/{name}");
+    let netns = File::open(&path).with_context(|| format!("opening {path}"))?;
+    nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
+        .with_context(|| format!("entering {path}"))
+}
+
 impl Netns {
     /// A fresh namespace: `lo` up and a veth pair whose `veth0` holds
     /// 172.16.0.1/12 (`dummy` links are not available on these kernels).
@@ -105,11 +115,9 @@ impl Netns {
         Fut: Future<Output = Result<R>>,
         R: Send + 'static,
     {
-        let path = format!("/run/netns/{}", self.name);
+        let name = self.name.clone();
         let thread = std::thread::spawn(move || -> Result<R> {
-            let netns = File::open(&path).with_context(|| format!("opening {path}"))?;
-            nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET)
-                .with_context(|| format!("entering {path}"))?;
+            enter(&name)?;
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?
