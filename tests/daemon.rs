@@ -289,7 +289,7 @@ fn bad_flags_are_refused_with_their_value() {
 // Multi-threaded: the end of the stream has to reach the daemon while this
 // test waits for the status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
+async fn a_bad_message_is_rejected_and_the_rest_applies() {
     let daemon = Daemon::memory(&[]);
     let mut stream = Stream::open(&daemon).await;
     let lines = [
@@ -316,7 +316,14 @@ async fn a_batch_with_one_bad_message_is_partial_and_the_rest_applies() {
     let [status] = with_bad[..] else {
         panic!("one status covers message 3: {statuses:?}");
     };
-    assert_eq!(status.result, BatchResult::Partial as i32, "{status:?}");
+    // Batches close by backpressure, so on a busy host the bad message may
+    // make a batch of its own: then nothing in it applied.
+    let expected = if status.message_count > 1 {
+        BatchResult::Partial
+    } else {
+        BatchResult::Failed
+    };
+    assert_eq!(status.result, expected as i32, "{status:?}");
     assert_eq!(status.rejected.len(), 1, "{status:?}");
     assert_eq!(status.rejected[0].sequence_number, 3);
     assert!(
