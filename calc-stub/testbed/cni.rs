@@ -279,18 +279,7 @@ impl PodNetwork {
                 });
             }
         };
-        if !output.status.success() {
-            return Err(TestbedError::Failed {
-                command: describe,
-                status: output.status,
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                ),
-            });
-        }
-        Ok(output.stdout)
+        Ok(super::succeeded(describe, output)?.stdout)
     }
 }
 

@@ -254,18 +254,7 @@ impl KubeApiServer {
         let mut input = child.stdin.take().expect("stdin is piped");
         input.write_all(stdin.as_bytes())?;
         drop(input);
-        let output = child.wait_with_output()?;
-        if !output.status.success() {
-            return Err(TestbedError::Failed {
-                command: described,
-                status: output.status,
-                output: format!(
-                    "{}{}",
-                    String::from_utf8_lossy(&output.stdout),
-                    String::from_utf8_lossy(&output.stderr)
-                ),
-            });
-        }
+        let output = super::succeeded(described, child.wait_with_output()?)?;
         Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     }
 

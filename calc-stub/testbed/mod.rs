@@ -57,20 +57,26 @@ fn describe(args: &[&str]) -> String {
     args.join(" ")
 }
 
+/// A command's output when it succeeded, or an error with everything it
+/// printed.
+pub fn succeeded(command: String, output: Output) -> Result<Output> {
+    if output.status.success() {
+        return Ok(output);
+    }
+    Err(TestbedError::Failed {
+        command,
+        status: output.status,
+        output: format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    })
+}
+
 /// Runs a command; its standard output, or an error with everything it printed.
 pub fn run(args: &[&str]) -> Result<String> {
-    let output = try_run(args)?;
-    if !output.status.success() {
-        return Err(TestbedError::Failed {
-            command: describe(args),
-            status: output.status,
-            output: format!(
-                "{}{}",
-                String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
-            ),
-        });
-    }
+    let output = succeeded(describe(args), try_run(args)?)?;
     String::from_utf8(output.stdout).map_err(|e| TestbedError::Output {
         command: describe(args),
         reason: e.to_string(),
