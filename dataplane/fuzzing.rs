@@ -2,6 +2,8 @@
 //! the targets stay one-line calls and a test can replay their seed corpora
 //! in every build. Each function panics when its property does not hold.
 
+mod authority;
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -16,6 +18,8 @@ use crate::manager::Manager;
 use crate::model::{Family, IpPool, Update};
 use crate::wire::felix::ToDataplane;
 use crate::wire::replay::{ReplayFormat, read};
+
+pub use authority::{authority_header_blocks, authority_requests, authority_stream};
 
 /// The JSONL replay decoder: any bytes give messages or an error naming the
 /// file and line, never a panic.

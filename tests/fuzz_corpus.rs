@@ -44,3 +44,18 @@ fn replay_framed_corpus() {
 fn manager_updates_corpus() {
     replay_corpus("manager_updates", fuzzing::manager_updates);
 }
+
+#[test]
+fn authority_stream_corpus() {
+    replay_corpus("authority_stream", fuzzing::authority_stream);
+}
+
+#[test]
+fn authority_requests_corpus() {
+    replay_corpus("authority_requests", fuzzing::authority_requests);
+}
+
+#[test]
+fn authority_header_blocks_corpus() {
+    replay_corpus("authority_header_blocks", fuzzing::authority_header_blocks);
+}

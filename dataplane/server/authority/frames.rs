@@ -8,25 +8,34 @@ use tracing::{debug, warn};
 
 use super::header_block::{HeaderBlockError, HeaderBlockRewriter};
 
-const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const FRAME_HEADER_LEN: usize = 9;
+pub(crate) const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+pub(crate) const FRAME_HEADER_LEN: usize = 9;
 
-const HEADERS: u8 = 0x1;
-const CONTINUATION: u8 = 0x9;
+pub(crate) const HEADERS: u8 = 0x1;
+pub(crate) const CONTINUATION: u8 = 0x9;
 
-const END_STREAM: u8 = 0x1;
-const END_HEADERS: u8 = 0x4;
-const PADDED: u8 = 0x8;
-const PRIORITY: u8 = 0x20;
+pub(crate) const END_STREAM: u8 = 0x1;
+pub(crate) const END_HEADERS: u8 = 0x4;
+pub(crate) const PADDED: u8 = 0x8;
+pub(crate) const PRIORITY: u8 = 0x20;
 
 /// The largest frame payload every HTTP/2 endpoint accepts (the initial
 /// SETTINGS_MAX_FRAME_SIZE). The server never raises it, so a larger
 /// HEADERS or CONTINUATION frame is the client's error, and the frames
 /// written here never exceed it.
-const MAX_FRAME_PAYLOAD: usize = 16_384;
+pub(crate) const MAX_FRAME_PAYLOAD: usize = 16_384;
 
 /// Most bytes of one header block's fragments, joined.
-const MAX_BLOCK_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_BLOCK_BYTES: usize = 256 * 1024;
+
+/// Most bytes a filter holds between calls: an incomplete frame and a
+/// header block's fragments.
+pub const MAX_BUFFERED: usize = FRAME_HEADER_LEN + MAX_FRAME_PAYLOAD + MAX_BLOCK_BYTES;
+
+/// [`RequestFilter::feed`] takes no more input once it has written this
+/// much: a few bytes of header block can decode to far more, and many
+/// such blocks in one read must not all be expanded at once.
+pub const FEED_OUTPUT_LIMIT: usize = 64 * 1024;
 
 /// The frame header (RFC 9113 section 4.1).
 #[derive(Clone, Copy, Debug)]
@@ -99,47 +108,66 @@ impl Default for RequestFilter {
 }
 
 impl RequestFilter {
-    /// Takes in `input`, appending what the server is to get to `out`.
-    pub fn feed(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
-        while !input.is_empty() {
-            match self.state {
-                State::PassAll => {
-                    out.extend_from_slice(input);
-                    return;
-                }
-                State::PassPayload { remaining } => {
-                    let n = remaining.min(input.len());
-                    out.extend_from_slice(&input[..n]);
-                    input = &input[n..];
-                    self.state = if n == remaining {
+    /// Takes in `input`, appending what the server is to get to `out`,
+    /// until it is all taken or [`FEED_OUTPUT_LIMIT`] bytes or more were
+    /// appended; how many bytes of `input` it took (at least one). What it
+    /// appends stays under `FEED_OUTPUT_LIMIT + input.len() +
+    /// MAX_DECODED_BYTES + 1024`: the last step before the limit adds
+    /// either input as it is or one header block.
+    pub fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> usize {
+        let mut rest = input;
+        let limit = out.len() + FEED_OUTPUT_LIMIT;
+        while !rest.is_empty() && out.len() < limit {
+            self.step(&mut rest, out);
+        }
+        input.len() - rest.len()
+    }
+
+    /// Bytes held for frames and header blocks not complete yet; never
+    /// over [`MAX_BUFFERED`].
+    pub fn buffered(&self) -> usize {
+        self.pending.len() + self.block.as_ref().map_or(0, |b| b.fragments.len())
+    }
+
+    /// Takes in some of `input`: a part of the preface or of a frame.
+    fn step(&mut self, input: &mut &[u8], out: &mut Vec<u8>) {
+        match self.state {
+            State::PassAll => {
+                out.extend_from_slice(input);
+                *input = &[];
+            }
+            State::PassPayload { remaining } => {
+                let n = remaining.min(input.len());
+                out.extend_from_slice(&input[..n]);
+                *input = &input[n..];
+                self.state = if n == remaining {
+                    State::FrameHeader
+                } else {
+                    State::PassPayload {
+                        remaining: remaining - n,
+                    }
+                };
+            }
+            State::Preface => {
+                if self.fill(input, PREFACE.len()) {
+                    out.extend_from_slice(&self.pending);
+                    self.state = if self.pending == PREFACE {
                         State::FrameHeader
                     } else {
-                        State::PassPayload {
-                            remaining: remaining - n,
-                        }
+                        State::PassAll
                     };
+                    self.pending.clear();
                 }
-                State::Preface => {
-                    if self.fill(&mut input, PREFACE.len()) {
-                        out.extend_from_slice(&self.pending);
-                        self.state = if self.pending == PREFACE {
-                            State::FrameHeader
-                        } else {
-                            State::PassAll
-                        };
-                        self.pending.clear();
-                    }
+            }
+            State::FrameHeader => {
+                if self.fill(input, FRAME_HEADER_LEN) {
+                    let header = FrameHeader::parse(&self.pending);
+                    self.on_frame_header(header, out);
                 }
-                State::FrameHeader => {
-                    if self.fill(&mut input, FRAME_HEADER_LEN) {
-                        let header = FrameHeader::parse(&self.pending);
-                        self.on_frame_header(header, out);
-                    }
-                }
-                State::Collect(header) => {
-                    if self.fill(&mut input, FRAME_HEADER_LEN + header.length) {
-                        self.on_header_frame(header, out);
-                    }
+            }
+            State::Collect(header) => {
+                if self.fill(input, FRAME_HEADER_LEN + header.length) {
+                    self.on_header_frame(header, out);
                 }
             }
         }

@@ -15,11 +15,16 @@ pub const REPLACEMENT_AUTHORITY: &[u8] = b"localhost";
 /// holds.
 const MAX_DYNAMIC_TABLE_SIZE: usize = 4096;
 
-/// Most bytes of names and values one decoded block may hold. Far above
-/// the server's own header list limit (16 KiB), which it enforces itself;
-/// this only bounds what a small block referencing large table entries
-/// many times can make us allocate.
+/// Largest decoded header list of one block, counted as HTTP/2 counts a
+/// header list's size (RFC 9113 section 6.5.2: each field's name and value
+/// plus 32). Far above the server's own header list limit (16 KiB), which
+/// it enforces itself; this bounds what a small block referencing table
+/// entries many times can make us allocate, and, as no field is written
+/// in more than its size, the block written for the server.
 pub const MAX_DECODED_BYTES: usize = 256 * 1024;
+
+/// What RFC 9113 adds to a field's name and value in a header list's size.
+const FIELD_OVERHEAD: usize = 32;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum HeaderBlockError {
@@ -67,7 +72,7 @@ impl HeaderBlockRewriter {
         let mut too_large = false;
         self.decoder
             .decode_with_cb(block, |name: Cow<[u8]>, value: Cow<[u8]>| {
-                decoded += name.len() + value.len();
+                decoded += name.len() + value.len() + FIELD_OVERHEAD;
                 if too_large || decoded > MAX_DECODED_BYTES {
                     too_large = true;
                     return;
@@ -106,7 +111,7 @@ fn encode_literal(name: &[u8], value: &[u8], out: &mut Vec<u8>) {
 
 /// A string literal without Huffman coding: a 7-bit-prefix length, then
 /// the octets (RFC 7541 section 5.2).
-fn encode_string(s: &[u8], out: &mut Vec<u8>) {
+pub fn encode_string(s: &[u8], out: &mut Vec<u8>) {
     encode_integer(s.len(), 7, 0x00, out);
     out.extend_from_slice(s);
 }

@@ -13,6 +13,7 @@ pub mod frames;
 pub mod header_block;
 
 use std::io;
+use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
@@ -31,6 +32,8 @@ pub struct AuthorityFixingStream {
     inner: UnixStream,
     filter: RequestFilter,
     chunk: Box<[u8]>,
+    /// The part of `chunk` read but not yet through the filter.
+    unfiltered: Range<usize>,
     /// Filtered bytes the server has not read yet, from `start`.
     filtered: Vec<u8>,
     start: usize,
@@ -42,6 +45,7 @@ impl AuthorityFixingStream {
             inner,
             filter: RequestFilter::default(),
             chunk: vec![0; READ_CHUNK].into_boxed_slice(),
+            unfiltered: 0..0,
             filtered: Vec::new(),
             start: 0,
         }
@@ -64,16 +68,21 @@ impl AsyncRead for AuthorityFixingStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         // A header block may be held back whole: read until something
-        // passes the filter, or the client is done.
+        // passes the filter, or the client is done. The filter may leave
+        // part of a chunk for later, to bound what one read expands to.
         while this.start == this.filtered.len() {
             this.filtered.clear();
             this.start = 0;
-            let mut chunk = ReadBuf::new(&mut this.chunk);
-            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut chunk))?;
-            if chunk.filled().is_empty() {
-                return Poll::Ready(Ok(()));
+            if this.unfiltered.is_empty() {
+                let mut chunk = ReadBuf::new(&mut this.chunk);
+                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut chunk))?;
+                if chunk.filled().is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+                this.unfiltered = 0..chunk.filled().len();
             }
-            this.filter.feed(chunk.filled(), &mut this.filtered);
+            let input = &this.chunk[this.unfiltered.clone()];
+            this.unfiltered.start += this.filter.feed(input, &mut this.filtered);
         }
         let n = buf.remaining().min(this.filtered.len() - this.start);
         buf.put_slice(&this.filtered[this.start..this.start + n]);

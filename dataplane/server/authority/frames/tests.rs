@@ -1,5 +1,5 @@
 use super::*;
-use crate::server::authority::header_block::encode_integer;
+use crate::server::authority::header_block::{MAX_DECODED_BYTES, encode_integer};
 
 /// A literal field without indexing, new name, raw strings.
 fn field(name: &str, value: &str, out: &mut Vec<u8>) {
@@ -63,8 +63,12 @@ fn authority_of(block: &[u8]) -> String {
 }
 
 fn filtered(input: &[u8]) -> Vec<u8> {
+    let mut filter = RequestFilter::default();
     let mut out = Vec::new();
-    RequestFilter::default().feed(input, &mut out);
+    let mut rest = input;
+    while !rest.is_empty() {
+        rest = &rest[filter.feed(rest, &mut out)..];
+    }
     out
 }
 
@@ -238,4 +242,31 @@ fn the_dynamic_table_carries_across_blocks_and_streams() {
     assert_eq!(authority_of(&out[0].1), "localhost");
     assert_eq!(authority_of(&out[1].1), "localhost");
     assert_eq!(fields(&out[1].1).len(), 4);
+}
+
+#[test]
+fn one_feed_expands_a_bounded_amount_and_leaves_the_rest() {
+    // A 4 KB field in the dynamic table, then blocks of 60 references to
+    // it: each 60-byte block decodes to 240 KB.
+    let mut insert = vec![0x40];
+    encode_integer(5, 7, 0, &mut insert);
+    insert.extend_from_slice(b"x-big");
+    encode_integer(4000, 7, 0, &mut insert);
+    insert.extend_from_slice(&[b'v'; 4000]);
+    let mut sent = vec![frame(HEADERS, END_HEADERS, 1, &insert)];
+    for stream in 0..40 {
+        sent.push(frame(HEADERS, END_HEADERS, 3 + 2 * stream, &[0xbe; 60]));
+    }
+    let input = connection(&sent);
+    let mut filter = RequestFilter::default();
+    let mut out = Vec::new();
+    let taken = filter.feed(&input, &mut out);
+    assert!(taken < input.len(), "took all {} bytes", input.len());
+    assert!(
+        out.len() < FEED_OUTPUT_LIMIT + 2 * MAX_DECODED_BYTES,
+        "{}",
+        out.len()
+    );
+    let all = filtered(&input);
+    assert_eq!(frames(&all).len(), 41, "the rest comes with later feeds");
 }
