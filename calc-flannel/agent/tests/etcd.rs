@@ -155,7 +155,7 @@ async fn programs_every_event_of_every_response() {
     rig.registry.transaction(gone);
     let state = rig.until("53 routes", |s| routes(s).len() == 53).await;
     assert_eq!(routes(&state), (50..103).map(remote_dst).collect());
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -171,7 +171,7 @@ async fn waits_for_a_usable_config() {
     assert!(rig.leases().is_empty(), "no lease without a config");
     rig.registry.set(CONFIG_KEY, CONFIG);
     assert_eq!(rig.until_leases(1).await.len(), 1);
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -184,13 +184,12 @@ async fn a_restarted_agent_keeps_its_lease() {
         s.ipv4.as_ref().is_some_and(|v| v.local_vtep.is_some())
     })
     .await;
-    agent.abort();
-    let _ = agent.await;
+    stop(agent).await;
     let again = rig.agent("192.168.10.1");
     // Renewed on start (a second write), same key.
     eventually("the lease written again", || rig.registry.ttls().len() >= 2).await;
     assert_eq!(rig.leases(), before);
-    again.abort();
+    stop(again).await;
 }
 
 #[tokio::test]
@@ -218,7 +217,7 @@ async fn changes_missed_in_an_outage_or_compaction_are_found_by_listing_again() 
     rig.registry.break_watches_with_compaction();
     rig.registry.transaction(puts(13..14));
     rig.until("13 routes", |s| routes(s).len() == 13).await;
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -231,7 +230,7 @@ async fn our_deleted_lease_is_taken_again() {
     rig.registry.remove(&key);
     rig.until_leases(1).await;
     assert_eq!(rig.leases(), before, "the same subnet, free again");
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -250,7 +249,7 @@ async fn bad_leases_are_skipped_and_never_cost_a_good_route() {
     rig.registry.transaction(puts(2..3));
     let state = rig.until("three routes", |s| routes(s).len() == 3).await;
     assert_eq!(routes(&state), (0..3).map(remote_dst).collect());
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -268,6 +267,6 @@ async fn agents_starting_together_get_different_subnets() {
     leases.sort();
     assert_eq!(leases, ["10.50.1.0-24", "10.50.2.0-24", "10.50.3.0-24"]);
     for agent in agents {
-        agent.abort();
+        stop(agent).await;
     }
 }

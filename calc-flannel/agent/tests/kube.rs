@@ -140,7 +140,7 @@ async fn a_cold_start_annotates_the_node_programs_the_others_and_says_the_networ
     assert_eq!(patch["status"]["conditions"][0]["reason"], "FlannelIsUp");
     assert!(HealthProbes(rig.health.clone()).not_ready().is_none());
     assert_eq!(rig.api.annotation_patches().len(), 1);
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -150,8 +150,7 @@ async fn a_restart_patches_nothing_when_the_annotations_are_right() {
         .put_node(test_node("node-1", &["10.244.1.0/24"], &[]));
     let first = rig.agent();
     eventually("annotated", || rig.api.annotation_patches().len() == 1).await;
-    first.abort();
-    let _ = first.await;
+    stop(first).await;
     let again = rig.agent();
     eventually("a second watch", || rig.api.watchers() == 1).await;
     rig.until("the local VTEP", |s| {
@@ -159,7 +158,7 @@ async fn a_restart_patches_nothing_when_the_annotations_are_right() {
     })
     .await;
     assert_eq!(rig.api.annotation_patches().len(), 1);
-    again.abort();
+    stop(again).await;
 }
 
 #[tokio::test]
@@ -187,7 +186,7 @@ async fn the_node_waits_for_its_pod_cidr_and_refuses_one_outside_the_network() {
         .await;
     assert_eq!(routes(&state), [dst(2)].into());
     assert!(subnet_file.exists());
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -259,7 +258,7 @@ async fn nodes_join_change_and_go_and_an_unchanged_update_sends_nothing() {
     rig.api.delete_node("node-4");
     let state = rig.until("one route", |s| routes(s).len() == 1).await;
     assert_eq!(routes(&state), [dst(2)].into());
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -280,7 +279,7 @@ async fn a_restarted_watch_deletes_only_what_is_gone() {
     rig.until("two routes", |s| routes(s).len() == 2).await;
     // node-3's route and VTEP removed, node-4's VTEP and route added.
     assert_eq!(rig.sent().await - before, 4);
-    agent.abort();
+    stop(agent).await;
 }
 
 #[tokio::test]
@@ -299,5 +298,5 @@ async fn the_node_is_found_through_its_pod_once_scheduled() {
     })
     .await;
     assert_eq!(rig.api.annotation_patches()[0].0, "node-1");
-    agent.abort();
+    stop(agent).await;
 }

@@ -132,6 +132,16 @@ impl Rig {
     }
 }
 
+/// Stops an agent's task. A panic in it (the agent failed, or broke an
+/// assertion) fails the test here instead of going unseen with the task.
+async fn stop(agent: JoinHandle<()>) {
+    agent.abort();
+    match agent.await {
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Ok(()) | Err(_) => {}
+    }
+}
+
 /// Waits (up to 20 s) for `done`.
 async fn eventually(what: &str, done: impl Fn() -> bool) {
     let wait = async {
