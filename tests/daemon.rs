@@ -3,6 +3,7 @@
 
 mod support;
 
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::process::Command;
@@ -219,7 +220,7 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
     std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
     // A socket file nobody serves: what a crashed daemon leaves.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let daemon = private_daemon_on(&socket);
+    let mut daemon = private_daemon_on(&socket);
 
     let second = Command::new(VXMGRD)
         .arg("--socket")
@@ -408,7 +409,11 @@ async fn a_flag_beats_the_environment_and_both_beat_the_calc_config() {
 fn the_route_refresh_flag_takes_a_duration_or_bare_seconds() {
     for value in ["2m", "90s", "45", "0"] {
         // Starting fails the test if vxmgrd refuses the value.
-        Daemon::memory(&["--route-refresh-interval", value]).terminate();
+        let status = Daemon::memory(&["--route-refresh-interval", value]).terminate();
+        assert!(
+            status.success(),
+            "--route-refresh-interval {value}: {status}"
+        );
     }
 }
 
@@ -479,7 +484,7 @@ async fn only_allowed_uids_get_in() {
 fn listening_tcp_inodes() -> Vec<String> {
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
-        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .map(|p| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{p}: {e}")))
         .flat_map(|table| {
             table
                 .lines()
@@ -495,19 +500,30 @@ fn listening_tcp_inodes() -> Vec<String> {
 #[test]
 fn there_is_no_tcp_listener() {
     let daemon = Daemon::memory(&[]);
+    // A listener of the test's own shows that listeners are seen at all.
+    let own = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let own_inode = socket_inode(&format!("/proc/self/fd/{}", own.as_raw_fd()));
     let listening = listening_tcp_inodes();
+    assert!(
+        own_inode.as_ref().is_some_and(|i| listening.contains(i)),
+        "the test's own listener ({own_inode:?}) is not among {listening:?}"
+    );
     let fds = std::fs::read_dir(format!("/proc/{}/fd", daemon.pid())).unwrap();
     for fd in fds {
-        let target = std::fs::read_link(fd.unwrap().path()).unwrap_or_default();
-        let target = target.to_string_lossy();
-        if let Some(inode) = target
-            .strip_prefix("socket:[")
-            .and_then(|s| s.strip_suffix(']'))
-        {
+        if let Some(inode) = socket_inode(&fd.unwrap().path().to_string_lossy()) {
             assert!(
-                !listening.iter().any(|l| l == inode),
+                !listening.contains(&inode),
                 "vxmgrd listens on TCP (socket inode {inode})"
             );
         }
     }
+}
+
+/// The inode of the socket a `/proc/<pid>/fd/<n>` link points to; `None`
+/// for another kind of file, or an fd closed meanwhile.
+fn socket_inode(fd: &str) -> Option<String> {
+    let target = std::fs::read_link(fd).ok()?;
+    let target = target.to_string_lossy();
+    let inode = target.strip_prefix("socket:[")?.strip_suffix(']')?;
+    Some(inode.to_string())
 }

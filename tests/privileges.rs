@@ -4,11 +4,10 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use support::VXMGRD;
+use support::{Daemon, VXMGRD};
 
 /// vxmgrd with `args`, as nobody and with no capability when we are root
 /// (as we are otherwise).
@@ -61,23 +60,15 @@ fn the_netlink_kernel_without_cap_net_admin_is_refused_in_one_line() {
 fn the_memory_kernel_serves_without_privileges() {
     let dir = open_dir();
     let socket = dir.path().join("vxmgr.sock");
-    let mut child = unprivileged(&[
+    let command = unprivileged(&[
         "--kernel",
         "memory",
         "--hostname",
         "node-a",
         "--socket",
         socket.to_str().unwrap(),
-    ])
-    .stderr(Stdio::piped())
-    .spawn()
-    .expect("vxmgrd runs");
-    let stderr = child.stderr.take().unwrap();
-    let serving = BufReader::new(stderr)
-        .lines()
-        .map_while(Result::ok)
-        .any(|line| line.contains("serving gRPC"));
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(serving, "vxmgrd --kernel memory ended before serving");
+    ]);
+    // Fails the test unless it serves, within a deadline.
+    let daemon = Daemon::spawn_command(dir, socket, command);
+    assert!(daemon.socket.exists());
 }

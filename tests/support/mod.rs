@@ -4,9 +4,10 @@
 #![allow(dead_code)]
 
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -24,12 +25,17 @@ use vxmgr::wire::vxmgr::v1::{
 pub const VXMGRD: &str = env!("CARGO_BIN_EXE_vxmgrd");
 pub const CALC_STUB: &str = env!("CARGO_BIN_EXE_calc-stub");
 
+/// How long vxmgrd may take to serve, or to log what a test waits for.
+const DAEMON_WAIT: Duration = Duration::from_secs(30);
+
 /// A running vxmgrd. Dropping it stops it (SIGTERM, then SIGKILL).
 pub struct Daemon {
     child: Child,
     pub dir: TempDir,
     pub socket: PathBuf,
     log: Arc<Log>,
+    /// Copies the daemon's stderr into `log`, to its end.
+    log_copier: Option<std::thread::JoinHandle<()>>,
 }
 
 /// The daemon's stderr, and a way to wait for a line in it.
@@ -37,6 +43,8 @@ pub struct Daemon {
 struct Log {
     text: Mutex<String>,
     grew: Condvar,
+    /// Standard error is closed: nothing more will come.
+    ended: AtomicBool,
 }
 
 impl Log {
@@ -44,6 +52,12 @@ impl Log {
         let mut text = self.text.lock().unwrap();
         text.push_str(line);
         text.push('\n');
+        self.grew.notify_all();
+    }
+
+    fn end(&self) {
+        let _text = self.text.lock().unwrap();
+        self.ended.store(true, Ordering::SeqCst);
         self.grew.notify_all();
     }
 }
@@ -95,38 +109,45 @@ impl Daemon {
             .spawn()
             .expect("vxmgrd starts");
         let log = Arc::new(Log::default());
-        let mut lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
-        // Wait for the line that says the socket is served, keeping the log.
-        let mut serving = false;
-        for line in lines.by_ref() {
-            let line = line.unwrap_or_default();
-            log.push(&line);
-            if line.contains("serving gRPC") {
-                serving = true;
-                break;
-            }
-        }
-        if !serving {
-            let status = child.wait().expect("vxmgrd exit status");
-            panic!(
-                "vxmgrd exited ({status}) before serving:\n{}",
-                log.text.lock().unwrap()
-            );
-        }
+        let lines = BufReader::new(child.stderr.take().expect("piped stderr")).lines();
         let sink = log.clone();
-        std::thread::spawn(move || {
+        let log_copier = std::thread::spawn(move || {
             for line in lines.map_while(Result::ok) {
                 sink.push(&line);
             }
+            sink.end();
         });
-        Daemon {
+        let mut daemon = Daemon {
             child,
             dir,
             socket,
             log,
+            log_copier: Some(log_copier),
+        };
+        // Wait for the line that says the socket is served.
+        let (serving, text) = {
+            let log = &daemon.log;
+            let text = log.text.lock().unwrap();
+            let (text, _) = log
+                .grew
+                .wait_timeout_while(text, DAEMON_WAIT, |t| {
+                    !t.contains("serving gRPC") && !log.ended.load(Ordering::SeqCst)
+                })
+                .unwrap();
+            (text.contains("serving gRPC"), text.clone())
+        };
+        if !serving {
+            // Dropping the daemon kills it if it still runs.
+            let status = daemon.child.try_wait().expect("vxmgrd exit status");
+            panic!(
+                "vxmgrd did not serve within {DAEMON_WAIT:?} (exit status: {status:?}):\n{text}"
+            );
         }
+        daemon
     }
 
+    /// What the daemon logged so far, for messages and for checks that
+    /// something was logged; [`Daemon::terminate`] gives all of it.
     pub fn log(&self) -> String {
         self.log.text.lock().unwrap().clone()
     }
@@ -137,9 +158,7 @@ impl Daemon {
         let (text, timeout) = self
             .log
             .grew
-            .wait_timeout_while(text, Duration::from_secs(30), |t| {
-                t.matches(needle).count() < count
-            })
+            .wait_timeout_while(text, DAEMON_WAIT, |t| t.matches(needle).count() < count)
             .unwrap();
         assert!(
             !timeout.timed_out(),
@@ -151,10 +170,19 @@ impl Daemon {
         self.child.id() as i32
     }
 
-    /// Sends SIGTERM and waits for the exit status.
-    pub fn terminate(mut self) -> std::process::ExitStatus {
+    /// Sends SIGTERM and waits for the exit status and the end of the
+    /// log: after this, [`Daemon::log`] is all the daemon wrote.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
         signal(self.pid(), libc::SIGTERM);
-        self.child.wait().expect("vxmgrd exit status")
+        let status = self.child.wait().expect("vxmgrd exit status");
+        self.join_log_copier();
+        status
+    }
+
+    fn join_log_copier(&mut self) {
+        if let Some(copier) = self.log_copier.take() {
+            copier.join().expect("the log copier");
+        }
     }
 
     /// Waits for the daemon to exit by itself; kills it and fails the test
@@ -163,7 +191,7 @@ impl Daemon {
         let pid = self.pid();
         let log = self.log.clone();
         let (exited, status) = std::sync::mpsc::channel();
-        std::thread::scope(|scope| {
+        let status = std::thread::scope(|scope| {
             let child = &mut self.child;
             scope.spawn(move || {
                 let _ = exited.send(child.wait().expect("vxmgrd exit status"));
@@ -176,7 +204,9 @@ impl Daemon {
                     panic!("vxmgrd did not exit within 30 s:\n{log}");
                 }
             }
-        })
+        });
+        self.join_log_copier();
+        status
     }
 
     /// A Sync that must be refused: its status.
@@ -322,10 +352,6 @@ pub fn http_get(address: &str, path: &str) -> (u16, String, String) {
     )
 }
 
-pub fn say(message: &str) {
-    let _ = writeln!(std::io::stderr(), "{message}");
-}
-
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
@@ -334,6 +360,8 @@ pub mod felix;
 pub mod flannel;
 pub mod kube;
 pub mod netns;
+pub mod require;
+pub use require::say;
 /// The namespace testbed, from calc-stub's sources (its demo runs on it).
 /// Each test uses a part of it.
 #[path = "../../calc-stub/testbed/mod.rs"]
