@@ -45,10 +45,11 @@ fn systemd_units_verify_cleanly() {
     {
         Ok(output) => output,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if std::env::var_os("VXMGR_REQUIRE_SYSTEMD").is_some_and(|v| v == "1") {
-                panic!("systemd-analyze is required (VXMGR_REQUIRE_SYSTEMD=1) but not on PATH");
-            }
-            support::say("SKIPPED: systemd-analyze not on PATH (apt-get install systemd)");
+            support::require::skip(
+                &support::require::current_test(),
+                "SYSTEMD",
+                "systemd-analyze not on PATH (apt-get install systemd)",
+            );
             return;
         }
         Err(e) => panic!("running systemd-analyze: {e}"),
@@ -86,7 +87,7 @@ fn cap_net_admin_alone_is_enough_to_program_the_kernel() {
     // Every batch of both nodes' views must come back OK.
     cluster.start_all(&[], false).expect("converges");
     for index in [1, 2] {
-        let log = cluster.node(index).log_text();
+        let log = cluster.node_mut(index).stop_and_read_log().unwrap();
         assert!(
             log.contains("CapEff:\t0000000000001000"),
             "only CAP_NET_ADMIN (bit 12):\n{log}"

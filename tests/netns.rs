@@ -709,7 +709,7 @@ fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
     if !can_run("same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it") {
         return;
     }
-    let cluster = running_cluster(2, &NOTIFICATIONS_ONLY, true);
+    let mut cluster = running_cluster(2, &NOTIFICATIONS_ONLY, true);
     let a = cluster.node(1);
     // The IPv6 parent address stays on eth0 while it is down.
     testbed::sh(&a.ns, "sysctl -q -w net.ipv6.conf.eth0.keep_addr_on_down=1").unwrap();
@@ -728,10 +728,10 @@ fn same_subnet_routes_wait_while_the_parent_is_down_and_come_back_with_it() {
         [routes(&a.ns, Family::V4), routes(&a.ns, Family::V6)],
         before
     );
-    let log = a.log_text();
-    assert!(!log.contains("kernel operation failed"), "{log}");
     assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v4()));
     assert!(ping(&a.pod_ns(), &cluster.node(2).pod_v6()));
+    let log = cluster.node_mut(1).stop_and_read_log().unwrap();
+    assert!(!log.contains("kernel operation failed"), "{log}");
 }
 
 /// The `Type:` and `Header:` lines of `ipset list`.
@@ -775,7 +775,7 @@ fn ipsets_of_another_type_or_family_are_replaced_whole() {
         ipset_members(&ns, "cali60all-vxlan-net"),
         set(&["fd00:10::2"])
     );
-    let log = cluster.node(1).log_text();
+    let log = cluster.node_mut(1).stop_and_read_log().unwrap();
     assert!(!log.contains("kernel operation failed"), "{log}");
 }
 
@@ -843,6 +843,7 @@ fn a_node_failing_half_way_leaves_no_namespace_behind() {
         .args(["netns", "list"])
         .output()
         .expect("ip netns list");
+    assert!(list.status.success(), "ip netns list: {list:?}");
     let left: Vec<String> = String::from_utf8_lossy(&list.stdout)
         .lines()
         .filter(|l| l.starts_with(tag))

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::{Result, TestbedError, run, sh};
@@ -28,6 +29,8 @@ pub struct Node {
     pub index: u8,
     pub socket: PathBuf,
     daemon: Option<Child>,
+    /// Copies the running vxmgrd's stderr to `log`.
+    log_copier: Option<JoinHandle<()>>,
     log: PathBuf,
     binaries: Binaries,
 }
@@ -101,7 +104,7 @@ impl Node {
             })?;
         let stderr = child.stderr.take().expect("stderr is piped");
         let (ready_tx, ready_rx) = mpsc::channel();
-        std::thread::spawn(move || {
+        let copier = std::thread::spawn(move || {
             let mut ready = Some(ready_tx);
             for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
                 let _ = writeln!(log, "{line}");
@@ -121,6 +124,7 @@ impl Node {
             });
         }
         self.daemon = Some(child);
+        self.log_copier = Some(copier);
         Ok(())
     }
 
@@ -137,12 +141,24 @@ impl Node {
         unsafe {
             libc::kill(child.id() as i32, signal);
         }
-        Ok(child.wait()?)
+        let status = child.wait()?;
+        if let Some(copier) = self.log_copier.take() {
+            let _ = copier.join();
+        }
+        Ok(status)
     }
 
-    /// Everything the node's vxmgrd logged.
+    /// What the node's vxmgrd logged so far, for messages and for checks
+    /// that something was logged.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Stops vxmgrd (SIGTERM) and reads all it logged, once its stderr is
+    /// copied to the end: for checks that something was never logged.
+    pub fn stop_and_read_log(&mut self) -> Result<String> {
+        self.stop_daemon(libc::SIGTERM)?;
+        Ok(std::fs::read_to_string(&self.log)?)
     }
 
     /// `calc-stub replay --socket <node's socket> <args>`.
@@ -233,6 +249,7 @@ impl Cluster {
                 index,
                 socket: cluster.dir.join(format!("node-{index}.sock")),
                 daemon: None,
+                log_copier: None,
                 log: cluster.dir.join(format!("node-{index}.log")),
                 binaries: binaries.clone(),
             });
