@@ -27,4 +27,9 @@ fn each_binary_says_what_it_is_for() {
         calc_stub.starts_with("Stands in for a calc process"),
         "{calc_stub}"
     );
+    let calc_flannel = first_line_of_help(support::flannel::CALC_FLANNEL);
+    assert!(
+        calc_flannel.starts_with("flannel's subnet manager as a calc process for vxmgrd"),
+        "{calc_flannel}"
+    );
 }

@@ -8,6 +8,7 @@ mod support;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use support::Daemon;
 use support::flannel::{Agent, block_on, etcd_available, etcd_required};
@@ -201,20 +202,9 @@ fn tls_with_client_certificates() {
     let daemon = Daemon::memory(&[]);
     let path = |p: &Path| p.to_string_lossy().into_owned();
     let (ca, cert, key) = (path(&client.ca), path(&client.cert), path(&client.key));
-    let agent = Agent::start(
-        &daemon,
-        "tls",
-        &[
-            "--etcd-endpoints",
-            etcd.client_url(),
-            "--etcd-cafile",
-            &ca,
-            "--etcd-certfile",
-            &cert,
-            "--etcd-keyfile",
-            &key,
-        ],
-    );
+    let trusting_etcd = ["--etcd-endpoints", etcd.client_url(), "--etcd-cafile", &ca];
+    let certificate = ["--etcd-certfile", &cert, "--etcd-keyfile", &key];
+    let agent = Agent::start(&daemon, "tls", &[&trusting_etcd[..], &certificate].concat());
     agent.wait_for_log("vxmgrd in sync");
     let leases = block_on(async {
         etcd.client()
@@ -225,11 +215,22 @@ fn tls_with_client_certificates() {
     .unwrap();
     assert_eq!(leases.len(), 1, "{leases:?}");
 
-    // Without a client certificate, etcd refuses, and the agent says so.
-    let refused = Agent::start(
-        &daemon,
-        "no-client-certificate",
-        &["--etcd-endpoints", etcd.client_url(), "--etcd-cafile", &ca],
-    );
+    // The same client without its certificate: etcd refuses it in the
+    // TLS handshake for want of one, and the agent says it cannot reach
+    // etcd.
+    let refused = Agent::start(&daemon, "no-client-certificate", &trusting_etcd);
     refused.wait_for_log("etcd unreachable");
+    let why = "tls: client didn't provide a certificate";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let log = std::fs::read_to_string(etcd.log_path()).expect("etcd's log");
+        if log.contains(why) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "etcd never logged {why:?}:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

@@ -220,7 +220,14 @@ async fn call<T>(
 }
 
 fn status_error(status: &Status) -> EtcdError {
-    let message = status.message().to_string();
+    let mut message = status.message().to_string();
+    // Why the transport failed (a TLS alert, a refused connection) is in
+    // the status's sources, not in its message.
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        message = format!("{message}: {cause}");
+        source = cause.source();
+    }
     match status.code() {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => {
             EtcdError::Unavailable(message)
