@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::{Rig, eventually, routes};
+use super::{Rig, eventually, routes, stop};
 use crate::health::Health;
 use crate::registry::etcd::kv::{Event, KeyValue};
 use crate::registry::etcd::memory::MemoryEtcd;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use tokio::task::JoinHandle;
 use vxmgr::metrics::http::Probes;
 
-use super::{Rig, eventually, routes};
+use super::{Rig, eventually, routes, stop};
 use crate::health::{Health, HealthProbes};
 use crate::registry::kube::memory::{MemoryNodeApi, flannel_node, test_node};
 use crate::registry::kube::node::AnnotationNames;

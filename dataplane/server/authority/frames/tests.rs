@@ -268,6 +268,9 @@ fn one_feed_expands_a_bounded_amount_and_leaves_the_rest() {
         out.len()
     );
     let all = filtered(&input);
-    let blocks = frames(&all).iter().filter(|(h, _)| h.kind == HEADERS).count();
+    let blocks = frames(&all)
+        .iter()
+        .filter(|(h, _)| h.kind == HEADERS)
+        .count();
     assert_eq!(blocks, 41, "the rest comes with later feeds");
 }
