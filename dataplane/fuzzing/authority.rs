@@ -246,18 +246,16 @@ fn expected(input: &[u8]) -> Vec<Seen> {
     push(&mut seen, Seen::Bytes(PREFACE.to_vec()));
     let mut decoder = model_decoder();
     let mut pos = PREFACE.len();
-    // The open block: its HEADERS frame's stream, END_STREAM, priority
-    // fields, and the fragments so far.
-    let mut open: Option<(u32, bool, Option<Vec<u8>>, Vec<u8>)> = None;
+    let mut open: Option<Collected> = None;
     let broken = |seen: &mut Vec<Seen>, stream: u32, rest: &[u8]| {
         push(seen, Seen::Broken { stream });
         push(seen, Seen::Bytes(rest.to_vec()));
     };
     while let Some(frame) = next_frame(&input[pos..]) {
-        let open_stream = open.as_ref().map(|o| o.0.max(1));
+        let open_stream = open.as_ref().map(|o| o.stream.max(1));
         let continues = open
             .as_ref()
-            .is_some_and(|o| frame.kind == CONTINUATION && frame.stream == o.0);
+            .is_some_and(|o| frame.kind == CONTINUATION && frame.stream == o.stream);
         if let Some(stream) = open_stream.filter(|_| !continues) {
             broken(&mut seen, stream, &input[pos..]);
             return seen;
@@ -279,38 +277,51 @@ fn expected(input: &[u8]) -> Vec<Seen> {
                 broken(&mut seen, 1, &input[pos..]);
                 return seen;
             };
-            let end_stream = frame.flags & END_STREAM != 0;
-            open = Some((frame.stream, end_stream, priority, fragment.to_vec()));
+            open = Some(Collected {
+                stream: frame.stream,
+                end_stream: frame.flags & END_STREAM != 0,
+                priority,
+                fragments: fragment.to_vec(),
+            });
         } else if let Some(o) = &mut open {
-            o.3.extend_from_slice(payload);
+            o.fragments.extend_from_slice(payload);
         }
         pos += frame.bytes.len();
-        let Some((stream, end_stream, priority, fragments)) = open.take() else {
+        let Some(block) = open.take() else {
             continue;
         };
-        if fragments.len() > MAX_BLOCK_BYTES {
-            broken(&mut seen, stream.max(1), &input[pos..]);
+        if block.fragments.len() > MAX_BLOCK_BYTES {
+            broken(&mut seen, block.stream.max(1), &input[pos..]);
             return seen;
         }
         if frame.flags & END_HEADERS == 0 {
-            open = Some((stream, end_stream, priority, fragments));
+            open = Some(block);
             continue;
         }
-        let Some(fields) = model_fields(&mut decoder, &fragments) else {
-            broken(&mut seen, stream.max(1), &input[pos..]);
+        let Some(fields) = model_fields(&mut decoder, &block.fragments) else {
+            broken(&mut seen, block.stream.max(1), &input[pos..]);
             return seen;
         };
         push(
             &mut seen,
             Seen::Block {
-                stream,
-                end_stream,
-                priority,
+                stream: block.stream,
+                end_stream: block.end_stream,
+                priority: block.priority,
                 fields,
             },
         );
     }
     seen
+}
+
+/// A header block the model collects: its HEADERS frame's stream,
+/// END_STREAM and priority fields, and the fragments so far.
+struct Collected {
+    stream: u32,
+    end_stream: bool,
+    priority: Option<Vec<u8>>,
+    fragments: Vec<u8>,
 }
 
 /// A HEADERS payload's priority fields and fragment (RFC 9113 section
