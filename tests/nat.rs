@@ -94,6 +94,24 @@ fn table(ns: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Replaces the IPv4 masquerade rule with an accept, by hand.
+fn break_masquerade_rule(ns: &str) {
+    let handle = table(ns)
+        .unwrap()
+        .lines()
+        .find(|l| l.contains("ip saddr @masq-pools-v4"))
+        .and_then(|l| l.rsplit("handle ").next())
+        .unwrap()
+        .trim()
+        .to_string();
+    sh(
+        ns,
+        &format!(
+            "nft replace rule inet vxmgr postrouting handle {handle} ip saddr @masq-pools-v4 accept"
+        ),
+    );
+}
+
 fn set(ns: &str, name: &str) -> String {
     sh(ns, &format!("nft list set inet vxmgr {name}"))
 }
@@ -263,20 +281,7 @@ fn pools_masquerade_and_forward_through_a_dropping_host_firewall() {
     sh(&n1, "nft delete table inet vxmgr");
     wait_until("the table to be restored", || table(&n1).is_some());
     assert_eq!(sh(&n1, "nft list table inet vxmgr"), programmed);
-    let handle = table(&n1)
-        .unwrap()
-        .lines()
-        .find(|l| l.contains("ip saddr @masq-pools-v4"))
-        .and_then(|l| l.rsplit("handle ").next())
-        .unwrap()
-        .trim()
-        .to_string();
-    sh(
-        &n1,
-        &format!(
-            "nft replace rule inet vxmgr postrouting handle {handle} ip saddr @masq-pools-v4 accept"
-        ),
-    );
+    break_masquerade_rule(&n1);
     wait_until("the rule to be restored", || {
         table(&n1).is_some_and(|t| t.contains("@all-pools-v4 masquerade"))
     });
@@ -451,19 +456,6 @@ fn the_table_is_repaired_when_nftables_reports_a_change() {
         "nft add element inet vxmgr masq-pools-v4 { 192.168.77.0/24 }",
     );
     restored("the added element to go");
-    let handle = table(&n1)
-        .unwrap()
-        .lines()
-        .find(|l| l.contains("ip saddr @masq-pools-v4"))
-        .and_then(|l| l.rsplit("handle ").next())
-        .unwrap()
-        .trim()
-        .to_string();
-    sh(
-        &n1,
-        &format!(
-            "nft replace rule inet vxmgr postrouting handle {handle} ip saddr @masq-pools-v4 accept"
-        ),
-    );
+    break_masquerade_rule(&n1);
     restored("the changed rule to be put back");
 }

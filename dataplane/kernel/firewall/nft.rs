@@ -33,7 +33,7 @@ pub struct NftFirewall;
 
 impl NftFirewall {
     pub fn new() -> NftFirewall {
-        NftFirewall::default()
+        NftFirewall
     }
 }
 

@@ -3,8 +3,6 @@
 //! missing `nft` that stops nothing else.
 
 use super::*;
-use tokio::sync::mpsc::UnboundedReceiver;
-
 use crate::kernel::firewall::memory::FirewallModel;
 use crate::kernel::firewall::{ForwardChain, IptablesMode, NatTable, PoolSet, TableOp};
 
@@ -157,15 +155,6 @@ fn chains_in(firewall: &FirewallModel, mode: IptablesMode) -> bool {
         && other.iter().all(|c| *c == ForwardChain::default())
 }
 
-/// Takes in every queued notification; whether a repair is due.
-fn notice_queued(rig: &mut Rig, rx: &mut UnboundedReceiver<Notification>) -> bool {
-    let mut due = false;
-    while let Ok(n) = rx.try_recv() {
-        due |= rig.reconciler.notice(n, Instant::now());
-    }
-    due
-}
-
 #[tokio::test]
 async fn a_drop_policy_set_through_nftables_moves_the_forward_chains_at_once() {
     let mut rig = pool_rig(MemoryBackend::with_underlay("eth0", 1500), POOLS, true).await;
@@ -178,7 +167,7 @@ async fn a_drop_policy_set_through_nftables_moves_the_forward_chains_at_once() {
         nft.forward_drop = true;
         nft.foreign_rules = 1;
     });
-    assert!(notice_queued(&mut rig, &mut rx));
+    assert!(notice_all(&mut rig, &mut rx));
     let report = rig.reconciler.repair(Instant::now()).await.unwrap();
     assert!(report.errors.is_empty(), "{report:?}");
     let firewall = rig.kernel.lock().firewall.clone();
@@ -193,7 +182,7 @@ async fn a_drop_policy_set_through_nftables_moves_the_forward_chains_at_once() {
     // Our own writes come back as notifications: a read, no change.
     let applies = firewall_applies(&rig);
     rig.kernel.change_firewall(true, |_| {});
-    assert!(notice_queued(&mut rig, &mut rx));
+    assert!(notice_all(&mut rig, &mut rx));
     rig.reconciler.repair(Instant::now()).await.unwrap();
     assert_eq!(firewall_applies(&rig), applies);
 }
