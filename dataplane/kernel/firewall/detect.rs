@@ -110,6 +110,12 @@ impl BackendCensus {
     }
 }
 
+/// Kubernetes' hint chains are in a backend that can be read: they decide
+/// the choice, and the other rules need not be counted.
+pub fn hints_decide(census: &[BackendCensus; 2]) -> bool {
+    census.iter().any(|c| c.usable() && c.hinted)
+}
+
 /// The backend vxmgr's forward chain belongs in. Felix's order (the hint
 /// chains of nft, then of legacy; then the backend with more rules, legacy
 /// on a tie), with two changes so that it can be asked again at any time:
@@ -134,11 +140,11 @@ pub fn choose(
         (false, true) => return IptablesMode::Legacy,
         _ => {}
     }
-    if nft.hinted {
-        return IptablesMode::Nft;
-    }
-    if legacy.hinted {
-        return IptablesMode::Legacy;
+    if hints_decide(census) {
+        return match nft.hinted && nft.usable() {
+            true => IptablesMode::Nft,
+            false => IptablesMode::Legacy,
+        };
     }
     match (nft.forward_drop, legacy.forward_drop) {
         (true, false) => return IptablesMode::Nft,
@@ -252,11 +258,22 @@ mod tests {
     }
 
     #[test]
-    fn a_backend_without_binaries_is_not_chosen() {
+    fn a_backend_without_binaries_or_unreadable_is_not_chosen() {
         let docker = census(&[DOCKER]);
         let missing = BackendCensus::default();
         assert_eq!(
-            choose(IptablesBackend::Auto, &[missing, docker], None),
+            choose(IptablesBackend::Auto, &[missing, docker.clone()], None),
+            IptablesMode::Legacy
+        );
+        // A hint read before the save failed decides nothing.
+        let unreadable = BackendCensus {
+            error: Some("iptables-nft-save: failed".into()),
+            ..census(&["*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT\n"])
+        };
+        let both = [unreadable, docker];
+        assert!(!hints_decide(&both));
+        assert_eq!(
+            choose(IptablesBackend::Auto, &both, None),
             IptablesMode::Legacy
         );
     }

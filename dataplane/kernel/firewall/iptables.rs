@@ -10,7 +10,7 @@ use std::process::Stdio;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
-use super::detect::{BackendCensus, IptablesMode};
+use super::detect::{self, BackendCensus, IptablesMode};
 use super::{FORWARD_CHAIN, FirewallError, ForwardChange, ForwardOp};
 use crate::model::Family;
 
@@ -23,8 +23,34 @@ pub enum IptablesBackend {
     Legacy,
 }
 
-/// What one backend's saves (both families, all tables) show.
-pub(super) async fn census(mode: IptablesMode) -> BackendCensus {
+/// Both backends (by `IptablesMode`), read in two steps so that a host
+/// with a large ruleset (kube-proxy's nat table) is not dumped whole at
+/// every read: the mangle tables first; when Kubernetes' hint chains
+/// decide, only the filter tables then; otherwise every table, for the
+/// rule counts.
+pub(super) async fn censuses() -> [BackendCensus; 2] {
+    let both = |tables: Option<&'static str>| async move {
+        let (nft, legacy) = tokio::join!(
+            census(IptablesMode::Nft, tables),
+            census(IptablesMode::Legacy, tables)
+        );
+        [nft, legacy]
+    };
+    let mangle = both(Some("mangle")).await;
+    if !detect::hints_decide(&mangle) {
+        return both(None).await;
+    }
+    let mut filter = both(Some("filter")).await;
+    for (census, hints) in filter.iter_mut().zip(mangle) {
+        census.hinted = hints.hinted;
+        census.error = census.error.take().or(hints.error);
+    }
+    filter
+}
+
+/// What one backend's saves (both families) show, of one table or of all.
+/// Legacy tables are read only where they exist: naming one would create it.
+async fn census(mode: IptablesMode, table: Option<&str>) -> BackendCensus {
     let mut census = BackendCensus {
         available: true,
         ..Default::default()
@@ -33,12 +59,30 @@ pub(super) async fn census(mode: IptablesMode) -> BackendCensus {
         let Some(save) = binary(family, mode, "save") else {
             return BackendCensus::default();
         };
-        match run(&save, &[]).await {
+        let output = match table {
+            None => run(&save, &[]).await,
+            Some(t) if mode == IptablesMode::Legacy && !legacy_table_exists(family, t).await => {
+                continue;
+            }
+            Some(t) => run(&save, &["-t", t]).await,
+        };
+        match output {
             Ok(output) => census.add_save(family as usize, &output),
             Err(error) => census.error = Some(error.0),
         }
     }
     census
+}
+
+/// Whether the legacy backend has `table` for `family` in this network
+/// namespace (the kernel lists the tables in use).
+async fn legacy_table_exists(family: Family, table: &str) -> bool {
+    let names = match family {
+        Family::V4 => "/proc/net/ip_tables_names",
+        Family::V6 => "/proc/net/ip6_tables_names",
+    };
+    let loaded = tokio::fs::read_to_string(names).await.unwrap_or_default();
+    loaded.lines().any(|t| t == table)
 }
 
 /// Applies one change in one `iptables-restore --noflush` (one commit of
@@ -84,12 +128,8 @@ pub(super) async fn apply(change: &ForwardChange) -> Result<(), FirewallError> {
 pub(super) async fn legacy_filter_digest() -> u64 {
     let mut hasher = DefaultHasher::new();
     let mut any = false;
-    for (family, names) in Family::ALL
-        .into_iter()
-        .zip(["/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"])
-    {
-        let loaded = tokio::fs::read_to_string(names).await.unwrap_or_default();
-        if !loaded.lines().any(|t| t == "filter") {
+    for family in Family::ALL {
+        if !legacy_table_exists(family, "filter").await {
             continue;
         }
         let Some(save) = binary(family, IptablesMode::Legacy, "save") else {

@@ -19,8 +19,7 @@ use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
 use super::iptables;
 use super::{
-    FirewallChanges, FirewallError, FirewallState, IptablesMode, NAT_CHAIN, NatTable, PoolSet,
-    TABLE, TableOp,
+    FirewallChanges, FirewallError, FirewallState, NAT_CHAIN, NatTable, PoolSet, TABLE, TableOp,
 };
 use crate::model::Family;
 
@@ -52,13 +51,7 @@ impl super::Firewall for NftFirewall {
             .await
             .map_err(|e| nft_error("listing chains", e))?;
         let forward = match forward {
-            true => Some(
-                tokio::join!(
-                    iptables::census(IptablesMode::Nft),
-                    iptables::census(IptablesMode::Legacy)
-                )
-                .into(),
-            ),
+            true => Some(iptables::censuses().await),
             false => None,
         };
         Ok(FirewallState {
