@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use support::cni;
 use support::flannel::{block_on, can_run, cluster, flanneld};
 use support::kube::kube_available;
+use support::testbed::etcd_cluster::EtcdCluster;
 use support::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
 use support::testbed::{self, FlannelCluster, Monitor, Pod, census};
 use vxmgr::model::Family;
@@ -770,4 +771,269 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
         "{:?}",
         state.failing_objects
     );
+}
+
+/// A three-member etcd cluster's addresses on the underlay.
+const ETCD_MEMBERS: [&str; 3] = ["192.168.10.241", "192.168.10.242", "192.168.10.243"];
+/// How long each fault lasts: longer than the watch's keepalive (10 s
+/// between pings, 5 s for the answer), so a cut-off watch is found dead.
+const FAULT_HOLD: Duration = Duration::from_secs(20);
+/// The agents' lease TTL and renewal margin in the fault tests: a renewal
+/// every 5 s, so every fault sees some.
+const SHORT_LEASE: [&str; 4] = [
+    "--subnet-lease-ttl",
+    "30s",
+    "--subnet-lease-renew-margin",
+    "25s",
+];
+
+#[derive(Clone, Copy, Debug)]
+enum EtcdFault {
+    /// SIGKILL the member the agents' watches are on.
+    KillWatched,
+    KillLeader,
+    /// Cut the member the watches are on off the network.
+    PartitionWatched,
+    /// Cut node 1's agent off every member, write and compact past its
+    /// watch's revision meanwhile.
+    CompactWhileCutOff,
+}
+
+/// One fault's figures, as docs/flannel.md tabulates them.
+struct FaultFigures {
+    fault: EtcdFault,
+    /// From the new lease's write (or the end of node 1's cut-off) to its
+    /// route on every node.
+    programmed: Duration,
+    deleted: usize,
+    /// Renewals each node's agent logged while the fault lasted.
+    renewals: Vec<usize>,
+}
+
+fn renewals(c: &FlannelCluster, i: u8) -> usize {
+    c.agent_log(i).matches("lease renewed").count()
+}
+
+/// The member most of the agents' watches are on, once all three watch.
+fn watched_member(c: &FlannelCluster) -> usize {
+    let etcd = c.etcd_cluster.as_ref().expect("the etcd cluster");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let counts: Vec<u64> = (0..ETCD_MEMBERS.len())
+            .map(|i| etcd.watchers(i).unwrap_or(0))
+            .collect();
+        if counts.iter().sum::<u64>() >= 3 {
+            let most = counts.iter().max().expect("members");
+            return counts.iter().position(|n| n == most).expect("a maximum");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "three watches within {WAIT:?}: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Each node's pod pings the next one's over IPv4.
+fn pods_ping_v4(pods: &[Pod]) {
+    for (from, to) in [(0, 1), (1, 2), (2, 0)] {
+        assert!(
+            ping(&pods[from], &pods[to], false),
+            "node-{}'s pod pings node-{}'s",
+            from + 1,
+            to + 1
+        );
+    }
+}
+
+/// A lease of a node that is not there (its route is all that counts).
+fn absent_node_lease(n: u8) -> (String, String) {
+    (
+        format!("{PREFIX}/subnets/10.50.{n}.0-24"),
+        format!(
+            r#"{{"PublicIP":"192.168.10.{n}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"0e:00:00:00:00:{n:02x}"}}}}"#
+        ),
+    )
+}
+
+/// Writes `key` through member `i`, again while the cluster elects a
+/// leader (etcd says "request timed out" meanwhile).
+fn put_through(etcd: &EtcdCluster, i: usize, key: &str, value: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match block_on(async { etcd.client(i).await?.put(key, value).await }) {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "writing {key}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `fault` on `c`'s etcd cluster for [`FAULT_HOLD`], writing a new
+/// lease meanwhile; asserts the pods ping throughout, no route goes
+/// anywhere, the lease is programmed and every agent renews its own.
+fn etcd_fault(c: &mut FlannelCluster, pods: &[Pod], fault: EtcdFault, new: u8) -> FaultFigures {
+    let nss: Vec<String> = c.cluster.nodes.iter().map(|n| n.ns.clone()).collect();
+    let mut monitors: Vec<Monitor> = nss
+        .iter()
+        .map(|ns| Monitor::start(ns, &[]).unwrap())
+        .collect();
+    let before: Vec<usize> = (1..=3).map(|i| renewals(c, i)).collect();
+    let watched = watched_member(c);
+    let etcd = c.etcd_cluster.as_mut().expect("the etcd cluster");
+    let leader = etcd.leader(watched).unwrap();
+    let target = match fault {
+        EtcdFault::KillWatched | EtcdFault::PartitionWatched => watched,
+        EtcdFault::KillLeader => leader,
+        EtcdFault::CompactWhileCutOff => watched,
+    };
+    let started = Instant::now();
+    match fault {
+        EtcdFault::KillWatched | EtcdFault::KillLeader => {
+            etcd.member(target).stop_with(libc::SIGKILL).unwrap()
+        }
+        EtcdFault::PartitionWatched => etcd.partition(target).unwrap(),
+        EtcdFault::CompactWhileCutOff => {
+            testbed::etcd_cluster::cut_off(&nss[0], "tcp sport 2379 drop", "tcp dport 2379 drop")
+                .unwrap()
+        }
+    }
+    // Written through a member that still has the quorum.
+    let writer = (target + 1) % ETCD_MEMBERS.len();
+    let (key, value) = absent_node_lease(new);
+    put_through(etcd, writer, &key, &value);
+    let written = Instant::now();
+    pods_ping_v4(pods);
+    let dst = format!("10.50.{new}.0/24");
+    let reachable: &[String] = match fault {
+        EtcdFault::CompactWhileCutOff => &nss[1..],
+        _ => &nss,
+    };
+    for ns in reachable {
+        wait_route(ns, &dst, true);
+    }
+    let mut programmed = written.elapsed();
+    if let EtcdFault::CompactWhileCutOff = fault {
+        // History node 1's watch has not seen, compacted away.
+        for n in 0..20 {
+            put_through(etcd, writer, "/vxmgr-test/filler", &n.to_string());
+        }
+        let revision = etcd.status(writer).unwrap().revision;
+        etcd.compact(writer, revision).unwrap();
+    }
+    if let Some(rest) = FAULT_HOLD.checked_sub(started.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    pods_ping_v4(pods);
+    let during: Vec<usize> = (1..=3u8)
+        .map(|i| renewals(c, i) - before[usize::from(i) - 1])
+        .collect();
+    let etcd = c.etcd_cluster.as_mut().expect("the etcd cluster");
+    match fault {
+        EtcdFault::KillWatched | EtcdFault::KillLeader => {
+            etcd.member(target).start_again().unwrap()
+        }
+        EtcdFault::PartitionWatched => etcd.heal(target).unwrap(),
+        EtcdFault::CompactWhileCutOff => {
+            testbed::etcd_cluster::heal(&nss[0]).unwrap();
+            let healed = Instant::now();
+            wait_route(&nss[0], &dst, true);
+            programmed = healed.elapsed();
+        }
+    }
+    for (i, n) in (1u8..).zip(&during) {
+        if let (EtcdFault::CompactWhileCutOff, 1) = (fault, i) {
+            // Cut off, it could not; it does once back, before the lease
+            // (30 s) expires.
+            c.wait_for_log(1, "lease renewed", renewals(c, 1) + 1, WAIT)
+                .unwrap();
+            continue;
+        }
+        assert!(
+            *n >= 1,
+            "{fault:?}: node-{i}'s agent renewed its lease during the fault:\n{}",
+            c.agent_log(i)
+        );
+    }
+    let mut deleted = 0;
+    for (monitor, ns) in monitors.iter_mut().zip(&nss) {
+        monitor.sync().unwrap();
+        let gone: Vec<&String> = monitor
+            .seen
+            .iter()
+            .filter(|l| l.starts_with("Deleted"))
+            .collect();
+        assert!(gone.is_empty(), "{fault:?}: {ns} lost {gone:#?}");
+        deleted += gone.len();
+    }
+    FaultFigures {
+        fault,
+        programmed,
+        deleted,
+        renewals: during,
+    }
+}
+
+#[test]
+fn etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed() {
+    let test = "etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed";
+    if !can_run(test) || !support::flannel::tool_available(test, "etcdctl") {
+        return;
+    }
+    let mut c = cluster(3);
+    let endpoints = block_on(c.start_etcd_cluster(&ETCD_MEMBERS, VXLAN_V4))
+        .unwrap()
+        .endpoints();
+    for node in &mut c.cluster.nodes {
+        node.start_daemon(&[]).unwrap();
+    }
+    for i in 1..=3 {
+        let mut args = vec!["--etcd-endpoints", &endpoints, "--iface", "eth0"];
+        args.extend(SHORT_LEASE);
+        c.start_agent(i, &args, &[]).unwrap();
+    }
+    let (subnets, pods) = subnets_and_pods(&c);
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for (j, s) in subnets.iter().enumerate() {
+            if i != j {
+                wait_route(&node.ns, &s.v4.to_string(), true);
+            }
+        }
+    }
+    pods_ping_v4(&pods);
+
+    let faults = [
+        EtcdFault::KillWatched,
+        EtcdFault::KillLeader,
+        EtcdFault::PartitionWatched,
+        EtcdFault::CompactWhileCutOff,
+    ];
+    let mut table = vec![
+        "| fault | new lease programmed after | routes deleted | renewals seen (node 1, 2, 3) |"
+            .to_string(),
+        "|---|---|---|---|".to_string(),
+    ];
+    for (fault, new) in faults.into_iter().zip(201u8..) {
+        let f = etcd_fault(&mut c, &pods, fault, new);
+        table.push(format!(
+            "| {:?} | {:.1} s | {} | {:?} |",
+            f.fault,
+            f.programmed.as_secs_f64(),
+            f.deleted,
+            f.renewals
+        ));
+    }
+    support::say(&table.join("\n"));
+    // Every lease written during the faults, on every node, and nothing
+    // fatal said.
+    for node in &c.cluster.nodes {
+        for new in 201..205 {
+            wait_route(&node.ns, &format!("10.50.{new}.0/24"), true);
+        }
+    }
+    for i in 1..=3 {
+        let log = c.agent_log(i);
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+        assert!(errors.is_empty(), "node-{i}: {errors:#?}");
+    }
 }

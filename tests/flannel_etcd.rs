@@ -7,30 +7,13 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use support::Daemon;
-use support::flannel::{Agent, block_on, etcd_available, etcd_required};
+use support::flannel::{Agent, block_on, etcd_available, tool_available};
 use support::testbed::etcd::{EtcdServer, EtcdTls};
 
 const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "host-gw"}}"#;
-
-fn tool_available(test: &str, tool: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            !etcd_required(),
-            "{test}: needs {tool} (VXMGR_REQUIRE_ETCD=1)"
-        );
-        support::say(&format!("SKIPPED {test}: needs {tool}"));
-    }
-    found
-}
 
 /// Runs `command`, which must succeed; its output.
 fn run(command: &mut Command) -> String {
