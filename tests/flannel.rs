@@ -1037,3 +1037,180 @@ fn etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed
         assert!(errors.is_empty(), "node-{i}: {errors:#?}");
     }
 }
+
+/// Kills in the crash loop under `cargo test`; VXMGR_CRASH_KILLS asks for
+/// more, VXMGR_CRASH_SEED replays a run.
+const CRASH_KILLS: usize = 40;
+/// Absent nodes whose leases the crash loop rewrites in bursts.
+const BURST_NODES: std::ops::Range<u8> = 100..116;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KillMoment {
+    /// Right after start: reading the config, acquiring the lease.
+    Acquiring,
+    /// Between renewals (every 2 s) or in one.
+    Renewing,
+    /// While a burst of lease changes streams through the watch.
+    WatchBurst,
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={value:?}: {e}")),
+    )
+}
+
+/// The burst leases, their MACs shifted by `round`: changes the watch
+/// carries (neighbour and FDB entries), no route changes.
+fn burst(round: u8) -> Vec<(String, String)> {
+    BURST_NODES
+        .map(|n| {
+            let (key, value) = absent_node_lease(n);
+            let mac = format!("0e:00:00:00:{round:02x}:{n:02x}");
+            (key, value.replace(&format!("0e:00:00:00:00:{n:02x}"), &mac))
+        })
+        .collect()
+}
+
+/// Every lease is one node's and every subnet one lease's; node 1's is
+/// `own`.
+fn assert_leases_unique(c: &FlannelCluster, own: &Subnets) {
+    let leases = leases(c);
+    let mut ips = BTreeSet::new();
+    let mut v4 = BTreeSet::new();
+    for (key, value) in &leases {
+        let ip = value["PublicIP"].as_str().unwrap_or_default().to_string();
+        assert!(ips.insert(ip.clone()), "two leases of {ip}: {leases:#?}");
+        let subnet = key.split('&').next().unwrap_or(key).to_string();
+        assert!(
+            v4.insert(subnet.clone()),
+            "{subnet} leased twice: {leases:#?}"
+        );
+    }
+    let own_key = key_of(own);
+    let (_, value) = leases
+        .iter()
+        .find(|(k, _)| own_key.ends_with(k.as_str()))
+        .unwrap_or_else(|| panic!("node-1 holds {own_key}: {leases:#?}"));
+    assert_eq!(value["PublicIP"], c.cluster.node(1).underlay_v4());
+}
+
+#[test]
+fn calc_flannel_killed_at_random_moments_keeps_its_subnet_and_every_route() {
+    let test = "calc_flannel_killed_at_random_moments_keeps_its_subnet_and_every_route";
+    if !can_run(test) {
+        return;
+    }
+    let seed = env_number("VXMGR_CRASH_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let kills = env_number("VXMGR_CRASH_KILLS").map_or(CRASH_KILLS, |n| n as usize);
+    support::say(&format!(
+        "{test}: {kills} kills, seed {seed} (VXMGR_CRASH_SEED={seed} replays it)"
+    ));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut c = cluster(3);
+    block_on(c.set_config(VXLAN_V4)).unwrap();
+    // Renewed every 2 s: kills land in renewals too.
+    let agent = [
+        "--etcd-endpoints",
+        ENDPOINT,
+        "--iface",
+        "eth0",
+        "--subnet-lease-ttl",
+        "10s",
+        "--subnet-lease-renew-margin",
+        "8s",
+    ];
+    start(&mut c, &[&agent[2..], &agent[2..], &agent[2..]]);
+    let subnets = subnets(&c);
+    block_on(async { c.etcd.client().await?.put_all(&burst(0)).await }).unwrap();
+    let mut expected: Vec<String> = subnets.iter().map(|s| s.v4.to_string()).collect();
+    expected.extend(BURST_NODES.map(|n| format!("10.50.{n}.0/24")));
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for dst in expected.iter().filter(|d| **d != subnets[i].v4.to_string()) {
+            wait_route(&node.ns, dst, true);
+        }
+    }
+    let nss: Vec<String> = c.cluster.nodes.iter().map(|n| n.ns.clone()).collect();
+    let mut monitors: Vec<Monitor> = nss
+        .iter()
+        .map(|ns| Monitor::start(ns, &[]).unwrap())
+        .collect();
+
+    let started = Instant::now();
+    let mut moments = Vec::new();
+    for kill in 0..kills {
+        let moment = [
+            KillMoment::Acquiring,
+            KillMoment::Renewing,
+            KillMoment::WatchBurst,
+        ][rng.usize(..3)];
+        let with_vxmgrd = rng.bool();
+        moments.push((moment, with_vxmgrd));
+        match moment {
+            KillMoment::Acquiring => {
+                std::thread::sleep(Duration::from_millis(rng.u64(0..300)));
+                c.stop_agent(1, libc::SIGKILL).unwrap();
+            }
+            KillMoment::Renewing => {
+                std::thread::sleep(Duration::from_millis(rng.u64(1000..5000)));
+                c.stop_agent(1, libc::SIGKILL).unwrap();
+            }
+            KillMoment::WatchBurst => {
+                let delay = Duration::from_millis(rng.u64(0..150));
+                let round = (kill % 200) as u8 + 1;
+                block_on(async {
+                    let mut client = c.etcd.client().await.unwrap();
+                    let writes = async {
+                        for r in 0..5 {
+                            client.put_all(&burst(round.wrapping_add(r))).await.unwrap();
+                        }
+                    };
+                    let killing = async {
+                        tokio::time::sleep(delay).await;
+                        c.stop_agent(1, libc::SIGKILL).unwrap();
+                    };
+                    tokio::join!(writes, killing);
+                });
+            }
+        }
+        if with_vxmgrd {
+            let node = c.cluster.node_mut(1);
+            node.stop_daemon(libc::SIGKILL).unwrap();
+            node.start_daemon(&[]).unwrap();
+        }
+        let in_sync = c.agent_log(1).matches("vxmgrd in sync").count();
+        c.start_agent(1, &agent, &[]).unwrap();
+        c.wait_for_log(1, "vxmgrd in sync", in_sync + 1, WAIT)
+            .unwrap_or_else(|e| panic!("kill {kill} ({moment:?}, seed {seed}): {e}"));
+        let held = c.subnets(1, WAIT).unwrap();
+        assert_eq!(held, subnets[0], "kill {kill} ({moment:?}, seed {seed})");
+        assert_leases_unique(&c, &subnets[0]);
+    }
+    let elapsed = started.elapsed();
+    for (monitor, ns) in monitors.iter_mut().zip(&nss) {
+        monitor.sync().unwrap();
+        let gone: Vec<&String> = monitor
+            .seen
+            .iter()
+            .filter(|l| l.starts_with("Deleted"))
+            .collect();
+        assert!(gone.is_empty(), "seed {seed}: {ns} lost {gone:#?}");
+    }
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for dst in expected.iter().filter(|d| **d != subnets[i].v4.to_string()) {
+            wait_route(&node.ns, dst, true);
+        }
+    }
+    let count = |m: KillMoment| moments.iter().filter(|(k, _)| *k == m).count();
+    support::say(&format!(
+        "{test}: {kills} kills in {:.1} s (seed {seed}): {} acquiring, {} renewing, {} in a watch burst; vxmgrd killed too {} times; 0 routes deleted",
+        elapsed.as_secs_f64(),
+        count(KillMoment::Acquiring),
+        count(KillMoment::Renewing),
+        count(KillMoment::WatchBurst),
+        moments.iter().filter(|(_, v)| *v).count()
+    ));
+}
