@@ -168,6 +168,17 @@ fn wait_listed_route(
     }
 }
 
+/// What `monitor` has seen deleted so far.
+fn routes_deleted(monitor: &mut Monitor) -> Vec<String> {
+    monitor.sync().unwrap();
+    monitor
+        .seen
+        .iter()
+        .filter(|l| l.starts_with("Deleted"))
+        .cloned()
+        .collect()
+}
+
 fn tx_packets(ns: &str, dev: &str) -> u64 {
     testbed::ip_json(ns, &["-s", "link", "show", dev]).unwrap()[0]["stats64"]["tx"]["packets"]
         .as_u64()
@@ -616,12 +627,7 @@ fn an_expired_lease_goes_and_a_restarted_agent_keeps_its_subnet_and_every_route(
     // Its new stream is in sync (vxmgrd has swept what it did not declare).
     c.wait_for_log(1, "vxmgrd in sync", 2, WAIT).unwrap();
     for (monitor, ns) in monitors.iter_mut().zip([&ns1, &ns2]) {
-        monitor.sync().unwrap();
-        let deleted: Vec<&String> = monitor
-            .seen
-            .iter()
-            .filter(|l| l.starts_with("Deleted"))
-            .collect();
+        let deleted = routes_deleted(monitor);
         assert!(deleted.is_empty(), "{ns}: the restart deleted {deleted:#?}");
     }
     assert_eq!([all_routes(&ns1), all_routes(&ns2)], before);
@@ -957,12 +963,7 @@ fn etcd_fault(c: &mut FlannelCluster, pods: &[Pod], fault: EtcdFault, new: u8) -
     }
     let mut deleted = 0;
     for (monitor, ns) in monitors.iter_mut().zip(&nss) {
-        monitor.sync().unwrap();
-        let gone: Vec<&String> = monitor
-            .seen
-            .iter()
-            .filter(|l| l.starts_with("Deleted"))
-            .collect();
+        let gone = routes_deleted(monitor);
         assert!(gone.is_empty(), "{fault:?}: {ns} lost {gone:#?}");
         deleted += gone.len();
     }
@@ -1191,12 +1192,7 @@ fn calc_flannel_killed_at_random_moments_keeps_its_subnet_and_every_route() {
     }
     let elapsed = started.elapsed();
     for (monitor, ns) in monitors.iter_mut().zip(&nss) {
-        monitor.sync().unwrap();
-        let gone: Vec<&String> = monitor
-            .seen
-            .iter()
-            .filter(|l| l.starts_with("Deleted"))
-            .collect();
+        let gone = routes_deleted(monitor);
         assert!(gone.is_empty(), "seed {seed}: {ns} lost {gone:#?}");
     }
     for (i, node) in c.cluster.nodes.iter().enumerate() {

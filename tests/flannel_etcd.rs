@@ -15,6 +15,16 @@ use support::testbed::etcd::{EtcdServer, EtcdTls};
 
 const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "host-gw"}}"#;
 
+fn write_config(etcd: &EtcdServer) {
+    block_on(async {
+        etcd.client()
+            .await?
+            .put("/coreos.com/network/config", CONFIG)
+            .await
+    })
+    .unwrap();
+}
+
 /// Runs `command`, which must succeed; its output.
 fn run(command: &mut Command) -> String {
     let output = command.output().expect("the command runs");
@@ -41,13 +51,7 @@ fn a_username_and_password_are_sent_and_a_wrong_one_is_reported() {
     }
     let dir = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start(None, "127.0.0.1", dir.path()).unwrap();
-    block_on(async {
-        etcd.client()
-            .await?
-            .put("/coreos.com/network/config", CONFIG)
-            .await
-    })
-    .unwrap();
+    write_config(&etcd);
     etcdctl(&etcd, &["user", "add", "root:secret"]);
     etcdctl(&etcd, &["user", "grant-role", "root", "root"]);
     etcdctl(&etcd, &["auth", "enable"]);
@@ -173,13 +177,7 @@ fn tls_with_client_certificates() {
     let etcd =
         EtcdServer::start_with(None, "127.0.0.1", &dir.path().join("etcd"), Some(server)).unwrap();
     assert!(etcd.client_url().starts_with("https://"));
-    block_on(async {
-        etcd.client()
-            .await?
-            .put("/coreos.com/network/config", CONFIG)
-            .await
-    })
-    .unwrap();
+    write_config(&etcd);
 
     let daemon = Daemon::memory(&[]);
     let path = |p: &Path| p.to_string_lossy().into_owned();
@@ -215,4 +213,34 @@ fn tls_with_client_certificates() {
         &["--etcd-endpoints", etcd.client_url(), "--etcd-cafile", &ca],
     );
     refused.wait_for_log("etcd unreachable");
+}
+
+#[test]
+fn an_endpoint_that_does_not_answer_is_passed_over_for_the_next() {
+    let test = "an_endpoint_that_does_not_answer_is_passed_over_for_the_next";
+    if !etcd_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(None, "127.0.0.1", dir.path()).unwrap();
+    write_config(&etcd);
+    // Nothing listens there.
+    let dead = format!(
+        "http://127.0.0.1:{}",
+        support::testbed::free_port().unwrap()
+    );
+    let daemon = Daemon::memory(&[]);
+    let endpoints = format!("{dead},{}", etcd.client_url());
+    let agent = Agent::start(&daemon, "failover", &["--etcd-endpoints", &endpoints]);
+    agent.wait_for_log("vxmgrd in sync");
+    let log = agent.log();
+    let moved = log
+        .lines()
+        .find(|l| l.contains("etcd endpoint not answering: moving to the next"))
+        .unwrap_or_else(|| panic!("no move to the next endpoint in:\n{log}"));
+    assert!(
+        moved.contains(&format!("endpoint={dead}"))
+            && moved.contains(&format!("next={}", etcd.client_url())),
+        "{moved}"
+    );
 }

@@ -347,6 +347,15 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
+/// Writes `key`, bound to etcd lease `lease`.
+fn put_request(key: &str, value: &str, lease: i64) -> PutRequest {
+    PutRequest {
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        lease,
+    }
+}
+
 fn key_value(kv: vxmgr::wire::etcd::KeyValue) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(&kv.key).into_owned(),
@@ -410,11 +419,7 @@ impl Kv for Etcd {
         self.with_lease(
             ttl,
             |channel, lease| async move {
-                let put = PutRequest {
-                    key: key.as_bytes().to_vec(),
-                    value: value.as_bytes().to_vec(),
-                    lease,
-                };
+                let put = put_request(key, value, lease);
                 let txn = TxnRequest {
                     // Over a range, etcd compares every key in it, and
                     // an empty range as a key of version 0.
@@ -442,11 +447,7 @@ impl Kv for Etcd {
         self.with_lease(
             ttl,
             |channel, lease| async move {
-                let put = PutRequest {
-                    key: key.as_bytes().to_vec(),
-                    value: value.as_bytes().to_vec(),
-                    lease,
-                };
+                let put = put_request(key, value, lease);
                 let request = self.request(&channel, put).await?;
                 call(Etcd::kv(&channel).put(request)).await.map(|_| ())
             },
