@@ -631,6 +631,24 @@ fn an_expired_lease_goes_and_a_restarted_agent_keeps_its_subnet_and_every_route(
         assert!(deleted.is_empty(), "{ns}: the restart deleted {deleted:#?}");
     }
     assert_eq!([all_routes(&ns1), all_routes(&ns2)], before);
+
+    // Node 3 comes back after its lease expired: its subnet file names its
+    // subnet, which is free, so it has it again (its pods keep their
+    // addresses) and the others route to it again.
+    c.start_agent(3, &["--etcd-endpoints", ENDPOINT, "--iface", "eth0"], &[])
+        .unwrap();
+    c.wait_for_log(3, "asking for the subnet this node had before", 1, WAIT)
+        .unwrap();
+    for ns in [&ns1, &ns2] {
+        wait_route(ns, &subnets[2].v4.to_string(), true);
+    }
+    let own = key_of(&subnets[2]);
+    let leases = leases(&c);
+    let (_, value) = leases
+        .iter()
+        .find(|(k, _)| own.ends_with(k.as_str()))
+        .unwrap_or_else(|| panic!("{own} in {leases:?}"));
+    assert_eq!(value["PublicIP"], c.cluster.node(3).underlay_v4());
 }
 
 #[test]
