@@ -813,10 +813,10 @@ const SHORT_LEASE: [&str; 4] = [
 
 #[derive(Clone, Copy, Debug)]
 enum EtcdFault {
-    /// SIGKILL the member the agents' watches are on.
+    /// SIGKILL the member most of the agents' watches are on.
     KillWatched,
     KillLeader,
-    /// Cut the member the watches are on off the network.
+    /// Cut the member most watches are on off the network.
     PartitionWatched,
     /// Cut node 1's agent off every member, write and compact past its
     /// watch's revision meanwhile.
