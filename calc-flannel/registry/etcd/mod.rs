@@ -203,14 +203,17 @@ impl<K: Kv> EtcdSubnetManager<K> {
                     .map(|l| l.key)
                     .chain(listed.unreadable.iter().copied())
                     .collect();
-                let reused = (!previous.is_empty())
-                    .then(|| allocate::reuse(config, previous, &taken))
-                    .and_then(|reused| {
-                        reused
-                            .inspect(|key| info!(lease = %key, "asking for the subnet this node had before"))
-                            .inspect_err(|reason| warn!(subnet = %previous, %reason, "not asking for the subnet this node had before: allocating another"))
-                            .ok()
-                    });
+                let reused = match allocate::reuse(config, previous, &taken) {
+                    _ if previous.is_empty() => None,
+                    Ok(key) => {
+                        info!(lease = %key, "asking for the subnet this node had before");
+                        Some(key)
+                    }
+                    Err(reason) => {
+                        warn!(subnet = %previous, %reason, "not asking for the subnet this node had before: allocating another");
+                        None
+                    }
+                };
                 let key = match reused {
                     Some(key) => key,
                     None => allocate::choose(config, &taken, &mut random_index)
