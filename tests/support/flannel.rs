@@ -21,7 +21,7 @@ const AGENT_WAIT: Duration = Duration::from_secs(30);
 
 /// `VXMGR_REQUIRE_ETCD=1`: a missing etcd binary fails the test.
 pub fn etcd_required() -> bool {
-    std::env::var_os("VXMGR_REQUIRE_ETCD").is_some_and(|v| v == "1")
+    std::env::var_os("VXMGR_REQUIRE_ETCD").is_some_and(|v| v == "1" || v == "true")
 }
 
 /// Whether a test needing etcd can run; says why not when it cannot.
@@ -37,6 +37,25 @@ pub fn etcd_available(test: &str) -> bool {
          set VXMGR_REQUIRE_ETCD=1 to make this a failure)"
     ));
     false
+}
+
+/// Whether `tool` (run as `tool version`) is there for a test that needs
+/// etcd; a failure without it under VXMGR_REQUIRE_ETCD=1.
+pub fn tool_available(test: &str, tool: &str) -> bool {
+    let found = Command::new(tool)
+        .arg("version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        assert!(
+            !etcd_required(),
+            "{test}: needs {tool} (VXMGR_REQUIRE_ETCD=1)"
+        );
+        say(&format!("SKIPPED {test}: needs {tool}"));
+    }
+    found
 }
 
 /// Whether a flannel namespace test can run (root, etcd, and the CNI

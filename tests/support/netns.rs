@@ -14,7 +14,7 @@ use super::{CALC_STUB, VXMGRD, say};
 /// `VXMGR_REQUIRE_NETNS=1`: what a namespace test needs is required, and
 /// its absence a failure rather than a skip.
 pub fn required() -> bool {
-    std::env::var_os("VXMGR_REQUIRE_NETNS").is_some_and(|v| v == "1")
+    std::env::var_os("VXMGR_REQUIRE_NETNS").is_some_and(|v| v == "1" || v == "true")
 }
 
 /// Whether namespace tests can run. Without root they skip (saying why);
