@@ -8,13 +8,15 @@
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::etcd::{EtcdClient, EtcdServer};
 use super::{Cluster, Result, TestbedError, run, run_in, sh};
 
 /// The nftables table that cuts a member off.
 const PARTITION_TABLE: &str = "vxmgr_partition";
+/// How long a cluster may take to elect a leader after a fault.
+const ELECTION_WAIT: Duration = Duration::from_secs(30);
 
 pub struct EtcdCluster {
     /// Dropped first: the members stop before their namespaces go.
@@ -118,8 +120,21 @@ impl EtcdCluster {
         })
     }
 
-    /// The index of the member that leads (as member `asked` says).
+    /// The index of the member that leads (as member `asked` says), once
+    /// it knows one: just after a fault the cluster may still be electing.
     pub fn leader(&self, asked: usize) -> Result<usize> {
+        let deadline = Instant::now() + ELECTION_WAIT;
+        loop {
+            match self.known_leader(asked) {
+                Err(_) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn known_leader(&self, asked: usize) -> Result<usize> {
         let leader = self.status(asked)?.leader;
         for i in 0..self.members.len() {
             if self.status(i)?.member_id == leader {

@@ -15,9 +15,10 @@ use tonic::{Code, Request, Status};
 use tracing::warn;
 use vxmgr::wire::etcd::{
     AuthenticateRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest,
-    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
-    WatchResponse, auth_client::AuthClient, compare, event::EventType, kv_client::KvClient,
-    lease_client::LeaseClient, request_op, watch_client::WatchClient, watch_request,
+    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchProgressRequest,
+    WatchRequest, WatchResponse, auth_client::AuthClient, compare, event::EventType,
+    kv_client::KvClient, lease_client::LeaseClient, request_op, watch_client::WatchClient,
+    watch_request,
 };
 
 use super::kv::{EtcdError, Event, KeyValue, Kv, Listing, Watch, WatchMessage};
@@ -51,6 +52,12 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Keys per page when listing, so a large network never needs one huge
 /// response.
 const PAGE: i64 = 2000;
+/// How long a watch may be silent before a progress request asks its
+/// member whether it is still there, and how long the member has to
+/// answer. A member cut off from us answers nothing, and HTTP/2 pings
+/// cannot find that out sooner: etcd refuses pings closer than 5 s apart.
+const WATCH_SILENCE: Duration = Duration::from_secs(2);
+const PROGRESS_ANSWER: Duration = Duration::from_secs(2);
 /// Largest response accepted (a page of leases, a large watch response).
 const MAX_RESPONSE_BYTES: usize = 64 << 20;
 
@@ -309,6 +316,48 @@ impl Etcd {
     }
 }
 
+/// Whether a watch's member still answers: after [`WATCH_SILENCE`]
+/// without a response the watch asks for progress, and a member that has
+/// answered such a request before but not this one within
+/// [`PROGRESS_ANSWER`] is taken as gone. (Before etcd 3.4 members ignore
+/// progress requests; there only the HTTP/2 keepalive finds a dead one.)
+#[derive(Default)]
+struct Liveness {
+    asked: bool,
+    answers_progress: bool,
+}
+
+impl Liveness {
+    fn wait(&self) -> Duration {
+        if self.asked {
+            PROGRESS_ANSWER
+        } else {
+            WATCH_SILENCE
+        }
+    }
+
+    fn answered(&mut self) {
+        self.answers_progress |= self.asked;
+        self.asked = false;
+    }
+
+    /// The watch was silent for [`Liveness::wait`]: true when its member
+    /// is to be given up, else a progress request is sent (if one fits).
+    fn silent(&mut self, requests: &mpsc::Sender<WatchRequest>) -> bool {
+        if self.asked && self.answers_progress {
+            return true;
+        }
+        self.asked = requests
+            .try_send(WatchRequest {
+                request_union: Some(watch_request::RequestUnion::ProgressRequest(
+                    WatchProgressRequest {},
+                )),
+            })
+            .is_ok();
+        false
+    }
+}
+
 /// One unary call with its time limit, errors mapped.
 async fn call<T>(
     call: impl Future<Output = Result<tonic::Response<T>, Status>>,
@@ -481,8 +530,27 @@ impl Kv for Etcd {
         let give_up = move |why: &str| etcd.next_endpoint(index, why);
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
-            let _keep_open = keep_open;
-            while let Some(response) = responses.next().await {
+            let mut liveness = Liveness::default();
+            loop {
+                let response = match tokio::time::timeout(liveness.wait(), responses.next()).await {
+                    Ok(Some(response)) => {
+                        liveness.answered();
+                        response
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        if liveness.silent(&keep_open) {
+                            let why = format!(
+                                "no answer to a progress request within {}s",
+                                PROGRESS_ANSWER.as_secs()
+                            );
+                            give_up(&why);
+                            let _ = tx.send(Err(EtcdError::Unavailable(why))).await;
+                            return;
+                        }
+                        continue;
+                    }
+                };
                 let message = match response {
                     Err(status) => Err(status_error(&status)),
                     Ok(r) if r.compact_revision > 0 => Ok(WatchMessage::Compacted {
@@ -538,6 +606,30 @@ mod tests {
             b"/coreos.com/network/subnets0"
         );
         assert_eq!(prefix_end("a"), b"b");
+    }
+
+    #[test]
+    fn a_silent_watch_is_given_up_only_by_a_member_that_answers_progress_requests() {
+        let (requests, mut sent) = mpsc::channel(1);
+        let mut liveness = Liveness::default();
+        assert_eq!(liveness.wait(), WATCH_SILENCE);
+        assert!(!liveness.silent(&requests), "the first silence only asks");
+        assert!(matches!(
+            sent.try_recv().expect("a progress request").request_union,
+            Some(watch_request::RequestUnion::ProgressRequest(_))
+        ));
+        assert_eq!(liveness.wait(), PROGRESS_ANSWER);
+        assert!(
+            !liveness.silent(&requests),
+            "a member never seen answering one may predate progress requests"
+        );
+        sent.try_recv().expect("asked again");
+        liveness.answered();
+        assert!(!liveness.silent(&requests));
+        assert!(
+            liveness.silent(&requests),
+            "asked, answered before, silent now"
+        );
     }
 
     #[test]
