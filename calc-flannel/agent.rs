@@ -12,6 +12,7 @@ use tracing::{info, warn};
 use vxmgr::model::Family;
 use vxmgr::wire::felix::ToDataplane;
 
+use crate::allocate::Previous;
 use crate::backoff::{Backoff, Condition, retry};
 use crate::dataplane::{Dataplane, Progress, Stream};
 use crate::health::Health;
@@ -96,7 +97,8 @@ impl<M: SubnetManager> Agent<M> {
             "using this interface"
         );
         let attrs = own_attrs(&config, &underlay, &hostname);
-        let (lease, listed) = self.manager.acquire(&config, attrs).await;
+        let previous = self.previous_subnets();
+        let (lease, listed) = self.manager.acquire(&config, attrs, previous).await;
         self.write_subnet_file(&config, &underlay, &lease.key)?;
         let mut view = View::new(
             config,
@@ -120,6 +122,24 @@ impl<M: SubnetManager> Agent<M> {
         let hostname = retry("waiting for vxmgrd", || dataplane.hostname()).await;
         info!(%hostname, socket = %dataplane.socket().display(), "vxmgrd's name for this node");
         hostname
+    }
+
+    /// The subnets the subnet file names: this node's before a restart,
+    /// which flanneld asks for again.
+    fn previous_subnets(&self) -> Previous {
+        match subnet_env::read_subnets(&self.options.subnet_file) {
+            Ok(subnets) => {
+                let previous = Previous::from(subnets);
+                if !previous.is_empty() {
+                    info!(subnet = %previous, path = %self.options.subnet_file.display(), "the subnet file names this node's previous subnet");
+                }
+                previous
+            }
+            Err(e) => {
+                warn!(error = %e, "the subnet file cannot be read: no previous subnet to ask for");
+                Previous::default()
+            }
+        }
     }
 
     fn write_subnet_file(

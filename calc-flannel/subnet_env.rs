@@ -1,13 +1,14 @@
 //! flannel's `subnet.env`, which CNI plugins read: the network, this node's
 //! subnet (its first address with the length, as flannel writes it), the
 //! MTU and whether flannel masquerades; its format is the library's
-//! `SubnetEnv`, which the CNI plugin parses. Written atomically.
+//! `SubnetEnv`, which the CNI plugin parses. Written atomically; read
+//! back on start for the subnets it names.
 
 use std::io::Write;
 use std::path::Path;
 
 use ipnetwork::IpNetwork;
-use vxmgr::subnet_env::SubnetEnv;
+use vxmgr::subnet_env::{SubnetEnv, SubnetEnvError, Subnets};
 
 use crate::network::NetworkConfig;
 use crate::subnet::{SubnetKey, nth_address};
@@ -49,6 +50,39 @@ pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
     Ok(())
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("reading {}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Bad {
+        path: std::path::PathBuf,
+        source: SubnetEnvError,
+    },
+}
+
+/// The subnets the file at `path` names; none when there is no file (the
+/// node's first start).
+pub fn read_subnets(path: &Path) -> Result<Subnets, ReadError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Subnets::default()),
+        Err(source) => {
+            return Err(ReadError::Io {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    text.parse().map_err(|source| ReadError::Bad {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +101,23 @@ mod tests {
              FLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
         );
         assert!(render(&config, &key, 1450, true).ends_with("FLANNEL_IPMASQ=true\n"));
+    }
+
+    #[test]
+    fn the_subnets_are_read_back_and_a_missing_file_names_none() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("subnet.env");
+        assert_eq!(read_subnets(&path).unwrap(), Subnets::default());
+        let config =
+            NetworkConfig::parse(r#"{"Network": "10.244.0.0/16", "Backend": {"Type": "vxlan"}}"#)
+                .unwrap();
+        let key: SubnetKey = "10.244.87.0-24".parse().unwrap();
+        write(&path, &render(&config, &key, 1450, false)).unwrap();
+        let subnets = read_subnets(&path).unwrap();
+        assert_eq!(subnets.v4.unwrap().to_string(), "10.244.87.1/24");
+        write(&path, "FLANNEL_SUBNET=banana\n").unwrap();
+        let error = read_subnets(&path).unwrap_err().to_string();
+        assert!(error.contains("subnet.env: line 1"), "{error}");
     }
 
     #[test]

@@ -86,21 +86,11 @@ impl FromStr for SubnetEnv {
         let mut ipv6_subnet = None;
         let mut mtu = None;
         let mut ip_masq = None;
-        for (index, raw) in text.lines().enumerate() {
-            let line = raw.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let bad = |reason: String| SubnetEnvError::Line {
-                line: index + 1,
-                text: raw.to_string(),
-                reason,
-            };
-            let (key, value) = line
-                .split_once('=')
-                .ok_or_else(|| bad("not KEY=value".into()))?;
-            let value = value.trim();
-            match key.trim() {
+        for entry in entries(text) {
+            let entry = entry?;
+            let bad = |reason| entry.bad(reason);
+            let value = entry.value;
+            match entry.key {
                 NETWORK => networks = Some(parse_list(value, false, NETWORK).map_err(bad)?),
                 SUBNET => subnet = Some(parse_one(value, false, SUBNET).map_err(bad)?),
                 IPV6_NETWORK => {
@@ -151,6 +141,80 @@ impl FromStr for SubnetEnv {
             ip_masq: ip_masq.unwrap_or_default(),
         })
     }
+}
+
+/// The subnets a file names, as flanneld reads them back when it starts
+/// (to ask for the same ones again): only `FLANNEL_SUBNET` and
+/// `FLANNEL_IPV6_SUBNET` count, the rest of the file may be anything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Subnets {
+    pub v4: Option<IpNetwork>,
+    pub v6: Option<IpNetwork>,
+}
+
+impl FromStr for Subnets {
+    type Err = SubnetEnvError;
+
+    fn from_str(text: &str) -> Result<Subnets, SubnetEnvError> {
+        let mut subnets = Subnets::default();
+        for entry in entries(text) {
+            let entry = entry?;
+            match entry.key {
+                SUBNET => {
+                    subnets.v4 =
+                        Some(parse_one(entry.value, false, SUBNET).map_err(|r| entry.bad(r))?)
+                }
+                IPV6_SUBNET => {
+                    subnets.v6 =
+                        Some(parse_one(entry.value, true, IPV6_SUBNET).map_err(|r| entry.bad(r))?)
+                }
+                _ => {}
+            }
+        }
+        Ok(subnets)
+    }
+}
+
+/// One `KEY=value` line.
+struct Entry<'a> {
+    line: usize,
+    raw: &'a str,
+    key: &'a str,
+    value: &'a str,
+}
+
+impl Entry<'_> {
+    fn bad(&self, reason: String) -> SubnetEnvError {
+        SubnetEnvError::Line {
+            line: self.line,
+            text: self.raw.to_string(),
+            reason,
+        }
+    }
+}
+
+/// The file's `KEY=value` lines, trimmed; blank and `#` lines skipped.
+fn entries(text: &str) -> impl Iterator<Item = Result<Entry<'_>, SubnetEnvError>> {
+    text.lines().enumerate().filter_map(|(index, raw)| {
+        let line = raw.trim();
+        if line.is_empty() || line.starts_with('#') {
+            return None;
+        }
+        let mut entry = Entry {
+            line: index + 1,
+            raw,
+            key: "",
+            value: "",
+        };
+        Some(match line.split_once('=') {
+            Some((key, value)) => {
+                entry.key = key.trim();
+                entry.value = value.trim();
+                Ok(entry)
+            }
+            None => Err(entry.bad("not KEY=value".into())),
+        })
+    })
 }
 
 fn parse_one(value: &str, v6: bool, key: &str) -> Result<IpNetwork, String> {
@@ -217,6 +281,28 @@ mod tests {
                 .parse()
                 .unwrap();
         assert!(v6_only.networks.is_empty() && v6_only.subnet.is_none());
+    }
+
+    #[test]
+    fn the_subnets_alone_are_read_back() {
+        let subnets: Subnets = DUAL_STACK.parse().unwrap();
+        assert_eq!(subnets.v4.unwrap().to_string(), "10.244.58.1/24");
+        assert_eq!(subnets.v6.unwrap().to_string(), "fd00:244:0:3::1/64");
+        // Nothing else is needed, nor checked.
+        let only: Subnets = "FLANNEL_SUBNET=10.244.87.1/24\nFLANNEL_MTU=big\n"
+            .parse()
+            .unwrap();
+        assert_eq!(only.v4.unwrap().to_string(), "10.244.87.1/24");
+        assert_eq!(only.v6, None);
+        assert_eq!("".parse::<Subnets>().unwrap(), Subnets::default());
+        let error = "FLANNEL_IPV6_SUBNET=10.0.0.1/24\n"
+            .parse::<Subnets>()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("line 1") && error.contains("is not IPv6"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! deploy/: every systemd unit passes `systemd-analyze verify` without a
 //! warning, its binary path pointed at this build's; and vxmgrd programs
-//! the kernel with the one capability the unit leaves it.
+//! the kernel, IP pools' firewall rules included, with the capabilities
+//! the unit leaves it.
 //!
 //! Without systemd-analyze the first test skips, unless
 //! VXMGR_REQUIRE_SYSTEMD=1; the second is a namespace test.
@@ -11,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use support::testbed::{Binaries, Cluster};
+use support::testbed::{self, Binaries, Cluster, pool};
 
 #[test]
 fn systemd_units_verify_cleanly() {
@@ -59,11 +60,11 @@ fn systemd_units_verify_cleanly() {
     assert!(stderr.trim().is_empty(), "warnings: {stderr}");
 }
 
-/// The unit's `CapabilityBoundingSet=CAP_NET_ADMIN`, with setpriv: root's
-/// uid, no other capability.
+/// The unit's `CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW`, with
+/// setpriv: root's uid, no other capability.
 #[test]
-fn cap_net_admin_alone_is_enough_to_program_the_kernel() {
-    if !support::netns::can_run("cap_net_admin_alone_is_enough_to_program_the_kernel") {
+fn the_units_capabilities_are_enough_to_program_the_kernel() {
+    if !support::netns::can_run("the_units_capabilities_are_enough_to_program_the_kernel") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -72,7 +73,7 @@ fn cap_net_admin_alone_is_enough_to_program_the_kernel() {
     std::fs::write(
         &wrapper,
         format!(
-            "#!/bin/sh\nexec setpriv --bounding-set -all,+net_admin -- \\\n  \
+            "#!/bin/sh\nexec setpriv --bounding-set -all,+net_admin,+net_raw -- \\\n  \
              sh -c 'grep CapEff /proc/self/status >&2; exec \"$0\" \"$@\"' {} \"$@\"\n",
             support::VXMGRD
         ),
@@ -84,15 +85,22 @@ fn cap_net_admin_alone_is_enough_to_program_the_kernel() {
         calc_stub: support::CALC_STUB.into(),
     };
     let mut cluster = Cluster::new("vxcap", 2, &binaries).expect("build the cluster");
-    // Every batch of both nodes' views must come back OK.
-    cluster.start_all(&[], false).expect("converges");
+    // Every batch of both nodes' views must come back OK. On hosts without
+    // iptables rules the forward rules go through iptables-legacy, which
+    // needs CAP_NET_RAW.
+    let pools = [pool("pods", "10.244.0.0/16", true)];
+    cluster
+        .start_all_with_pools(&[], false, &pools)
+        .expect("converges");
     for index in [1, 2] {
         let log = cluster.node_mut(index).stop_and_read_log().unwrap();
         assert!(
-            log.contains("CapEff:\t0000000000001000"),
-            "only CAP_NET_ADMIN (bit 12):\n{log}"
+            log.contains("CapEff:\t0000000000003000"),
+            "only CAP_NET_ADMIN and CAP_NET_RAW (bits 12, 13):\n{log}"
         );
         assert!(log.contains("dataplane in sync"), "{log}");
         assert!(!log.contains("Operation not permitted"), "{log}");
+        let save = testbed::sh(&cluster.node(index).ns, "iptables-legacy-save -t filter").unwrap();
+        assert!(save.contains("-A FORWARD -j VXMGR-FORWARD"), "{save}");
     }
 }

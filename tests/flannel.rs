@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use support::cni;
 use support::flannel::{block_on, can_run, cluster, flanneld};
 use support::kube::kube_available;
+use support::testbed::etcd_cluster::EtcdCluster;
 use support::testbed::flannel::{ETCD_ADDRESS, PREFIX, Subnets};
 use support::testbed::{self, FlannelCluster, Monitor, Pod, census};
 use vxmgr::model::Family;
@@ -165,6 +166,17 @@ fn wait_listed_route(
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// What `monitor` has seen deleted so far.
+fn routes_deleted(monitor: &mut Monitor) -> Vec<String> {
+    monitor.sync().unwrap();
+    monitor
+        .seen
+        .iter()
+        .filter(|l| l.starts_with("Deleted"))
+        .cloned()
+        .collect()
 }
 
 fn tx_packets(ns: &str, dev: &str) -> u64 {
@@ -615,15 +627,28 @@ fn an_expired_lease_goes_and_a_restarted_agent_keeps_its_subnet_and_every_route(
     // Its new stream is in sync (vxmgrd has swept what it did not declare).
     c.wait_for_log(1, "vxmgrd in sync", 2, WAIT).unwrap();
     for (monitor, ns) in monitors.iter_mut().zip([&ns1, &ns2]) {
-        monitor.sync().unwrap();
-        let deleted: Vec<&String> = monitor
-            .seen
-            .iter()
-            .filter(|l| l.starts_with("Deleted"))
-            .collect();
+        let deleted = routes_deleted(monitor);
         assert!(deleted.is_empty(), "{ns}: the restart deleted {deleted:#?}");
     }
     assert_eq!([all_routes(&ns1), all_routes(&ns2)], before);
+
+    // Node 3 comes back after its lease expired: its subnet file names its
+    // subnet, which is free, so it has it again (its pods keep their
+    // addresses) and the others route to it again.
+    c.start_agent(3, &["--etcd-endpoints", ENDPOINT, "--iface", "eth0"], &[])
+        .unwrap();
+    c.wait_for_log(3, "asking for the subnet this node had before", 1, WAIT)
+        .unwrap();
+    for ns in [&ns1, &ns2] {
+        wait_route(ns, &subnets[2].v4.to_string(), true);
+    }
+    let own = key_of(&subnets[2]);
+    let leases = leases(&c);
+    let (_, value) = leases
+        .iter()
+        .find(|(k, _)| own.ends_with(k.as_str()))
+        .unwrap_or_else(|| panic!("{own} in {leases:?}"));
+    assert_eq!(value["PublicIP"], c.cluster.node(3).underlay_v4());
 }
 
 #[test]
@@ -770,4 +795,436 @@ fn host_gw_routes_pods_over_the_underlay_without_a_device() {
         "{:?}",
         state.failing_objects
     );
+}
+
+/// A three-member etcd cluster's addresses on the underlay.
+const ETCD_MEMBERS: [&str; 3] = ["192.168.10.241", "192.168.10.242", "192.168.10.243"];
+/// How long each fault lasts: longer than the watch's keepalive (10 s
+/// between pings, 5 s for the answer), so a cut-off watch is found dead.
+const FAULT_HOLD: Duration = Duration::from_secs(20);
+/// The agents' lease TTL and renewal margin in the fault tests: a renewal
+/// every 5 s, so every fault sees some.
+const SHORT_LEASE: [&str; 4] = [
+    "--subnet-lease-ttl",
+    "30s",
+    "--subnet-lease-renew-margin",
+    "25s",
+];
+
+#[derive(Clone, Copy, Debug)]
+enum EtcdFault {
+    /// SIGKILL the member most of the agents' watches are on.
+    KillWatched,
+    KillLeader,
+    /// Cut the member most watches are on off the network.
+    PartitionWatched,
+    /// Cut node 1's agent off every member, write and compact past its
+    /// watch's revision meanwhile.
+    CompactWhileCutOff,
+}
+
+/// One fault's figures, as docs/flannel.md tabulates them.
+struct FaultFigures {
+    fault: EtcdFault,
+    /// From the new lease's write (or the end of node 1's cut-off) to its
+    /// route on every node.
+    programmed: Duration,
+    deleted: usize,
+    /// Renewals each node's agent logged while the fault lasted.
+    renewals: Vec<usize>,
+}
+
+fn renewals(c: &FlannelCluster, i: u8) -> usize {
+    c.agent_log(i).matches("lease renewed").count()
+}
+
+/// The member most of the agents' watches are on, once all three watch.
+fn watched_member(c: &FlannelCluster) -> usize {
+    let etcd = c.etcd_cluster.as_ref().expect("the etcd cluster");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let counts: Vec<u64> = (0..ETCD_MEMBERS.len())
+            .map(|i| etcd.watchers(i).unwrap_or(0))
+            .collect();
+        if counts.iter().sum::<u64>() >= 3 {
+            let most = counts.iter().max().expect("members");
+            return counts.iter().position(|n| n == most).expect("a maximum");
+        }
+        assert!(
+            Instant::now() < deadline,
+            "three watches within {WAIT:?}: {counts:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Each node's pod pings the next one's over IPv4.
+fn pods_ping_v4(pods: &[Pod]) {
+    for (from, to) in [(0, 1), (1, 2), (2, 0)] {
+        assert!(
+            ping(&pods[from], &pods[to], false),
+            "node-{}'s pod pings node-{}'s",
+            from + 1,
+            to + 1
+        );
+    }
+}
+
+/// A lease of a node that is not there (its route is all that counts).
+fn absent_node_lease(n: u8) -> (String, String) {
+    (
+        format!("{PREFIX}/subnets/10.50.{n}.0-24"),
+        format!(
+            r#"{{"PublicIP":"192.168.10.{n}","PublicIPv6":null,"BackendType":"vxlan","BackendData":{{"VNI":1,"VtepMAC":"0e:00:00:00:00:{n:02x}"}}}}"#
+        ),
+    )
+}
+
+/// Writes `key` through member `i`, again while the cluster elects a
+/// leader (etcd says "request timed out" meanwhile).
+fn put_through(etcd: &EtcdCluster, i: usize, key: &str, value: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match block_on(async { etcd.client(i).await?.put(key, value).await }) {
+            Ok(()) => return,
+            Err(e) => assert!(Instant::now() < deadline, "writing {key}: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Runs `fault` on `c`'s etcd cluster for [`FAULT_HOLD`], writing a new
+/// lease meanwhile; asserts the pods ping throughout, no route goes
+/// anywhere, the lease is programmed and every agent renews its own.
+fn etcd_fault(c: &mut FlannelCluster, pods: &[Pod], fault: EtcdFault, new: u8) -> FaultFigures {
+    let nss: Vec<String> = c.cluster.nodes.iter().map(|n| n.ns.clone()).collect();
+    let mut monitors: Vec<Monitor> = nss
+        .iter()
+        .map(|ns| Monitor::start(ns, &[]).unwrap())
+        .collect();
+    let before: Vec<usize> = (1..=3).map(|i| renewals(c, i)).collect();
+    let watched = watched_member(c);
+    let etcd = c.etcd_cluster.as_mut().expect("the etcd cluster");
+    let leader = etcd.leader(watched).unwrap();
+    let target = match fault {
+        EtcdFault::KillWatched | EtcdFault::PartitionWatched => watched,
+        EtcdFault::KillLeader => leader,
+        EtcdFault::CompactWhileCutOff => watched,
+    };
+    let started = Instant::now();
+    match fault {
+        EtcdFault::KillWatched | EtcdFault::KillLeader => {
+            etcd.member(target).stop_with(libc::SIGKILL).unwrap()
+        }
+        EtcdFault::PartitionWatched => etcd.partition(target).unwrap(),
+        EtcdFault::CompactWhileCutOff => {
+            testbed::etcd_cluster::cut_off(&nss[0], "tcp sport 2379 drop", "tcp dport 2379 drop")
+                .unwrap()
+        }
+    }
+    // Written through a member that still has the quorum.
+    let writer = (target + 1) % ETCD_MEMBERS.len();
+    let (key, value) = absent_node_lease(new);
+    put_through(etcd, writer, &key, &value);
+    let written = Instant::now();
+    pods_ping_v4(pods);
+    let dst = format!("10.50.{new}.0/24");
+    let reachable: &[String] = match fault {
+        EtcdFault::CompactWhileCutOff => &nss[1..],
+        _ => &nss,
+    };
+    for ns in reachable {
+        wait_route(ns, &dst, true);
+    }
+    let mut programmed = written.elapsed();
+    if let EtcdFault::CompactWhileCutOff = fault {
+        // History node 1's watch has not seen, compacted away.
+        for n in 0..20 {
+            put_through(etcd, writer, "/vxmgr-test/filler", &n.to_string());
+        }
+        let revision = etcd.status(writer).unwrap().revision;
+        etcd.compact(writer, revision).unwrap();
+    }
+    if let Some(rest) = FAULT_HOLD.checked_sub(started.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    pods_ping_v4(pods);
+    let during: Vec<usize> = (1..=3u8)
+        .map(|i| renewals(c, i) - before[usize::from(i) - 1])
+        .collect();
+    let etcd = c.etcd_cluster.as_mut().expect("the etcd cluster");
+    match fault {
+        EtcdFault::KillWatched | EtcdFault::KillLeader => {
+            etcd.member(target).start_again().unwrap()
+        }
+        EtcdFault::PartitionWatched => etcd.heal(target).unwrap(),
+        EtcdFault::CompactWhileCutOff => {
+            testbed::etcd_cluster::heal(&nss[0]).unwrap();
+            let healed = Instant::now();
+            wait_route(&nss[0], &dst, true);
+            programmed = healed.elapsed();
+        }
+    }
+    for (i, n) in (1u8..).zip(&during) {
+        if let (EtcdFault::CompactWhileCutOff, 1) = (fault, i) {
+            // Cut off, it could not; it does once back, before the lease
+            // (30 s) expires.
+            c.wait_for_log(1, "lease renewed", renewals(c, 1) + 1, WAIT)
+                .unwrap();
+            continue;
+        }
+        assert!(
+            *n >= 1,
+            "{fault:?}: node-{i}'s agent renewed its lease during the fault:\n{}",
+            c.agent_log(i)
+        );
+    }
+    let mut deleted = 0;
+    for (monitor, ns) in monitors.iter_mut().zip(&nss) {
+        let gone = routes_deleted(monitor);
+        assert!(gone.is_empty(), "{fault:?}: {ns} lost {gone:#?}");
+        deleted += gone.len();
+    }
+    FaultFigures {
+        fault,
+        programmed,
+        deleted,
+        renewals: during,
+    }
+}
+
+#[test]
+fn etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed() {
+    let test = "etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed";
+    if !can_run(test) || !support::flannel::tool_available(test, "etcdctl") {
+        return;
+    }
+    let mut c = cluster(3);
+    let endpoints = block_on(c.start_etcd_cluster(&ETCD_MEMBERS, VXLAN_V4))
+        .unwrap()
+        .endpoints();
+    for node in &mut c.cluster.nodes {
+        node.start_daemon(&[]).unwrap();
+    }
+    for i in 1..=3 {
+        let mut args = vec!["--etcd-endpoints", &endpoints, "--iface", "eth0"];
+        args.extend(SHORT_LEASE);
+        c.start_agent(i, &args, &[]).unwrap();
+    }
+    let (subnets, pods) = subnets_and_pods(&c);
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for (j, s) in subnets.iter().enumerate() {
+            if i != j {
+                wait_route(&node.ns, &s.v4.to_string(), true);
+            }
+        }
+    }
+    pods_ping_v4(&pods);
+
+    let faults = [
+        EtcdFault::KillWatched,
+        EtcdFault::KillLeader,
+        EtcdFault::PartitionWatched,
+        EtcdFault::CompactWhileCutOff,
+    ];
+    let mut table = vec![
+        "| fault | new lease programmed after | routes deleted | renewals seen (node 1, 2, 3) |"
+            .to_string(),
+        "|---|---|---|---|".to_string(),
+    ];
+    for (fault, new) in faults.into_iter().zip(201u8..) {
+        let f = etcd_fault(&mut c, &pods, fault, new);
+        table.push(format!(
+            "| {:?} | {:.1} s | {} | {:?} |",
+            f.fault,
+            f.programmed.as_secs_f64(),
+            f.deleted,
+            f.renewals
+        ));
+    }
+    support::say(&table.join("\n"));
+    // Every lease written during the faults, on every node, and nothing
+    // fatal said.
+    for node in &c.cluster.nodes {
+        for new in 201..205 {
+            wait_route(&node.ns, &format!("10.50.{new}.0/24"), true);
+        }
+    }
+    for i in 1..=3 {
+        let log = c.agent_log(i);
+        let errors: Vec<&str> = log.lines().filter(|l| l.contains(" ERROR ")).collect();
+        assert!(errors.is_empty(), "node-{i}: {errors:#?}");
+    }
+}
+
+/// Kills in the crash loop under `cargo test`; VXMGR_CRASH_KILLS asks for
+/// more, VXMGR_CRASH_SEED replays a run.
+const CRASH_KILLS: usize = 40;
+/// Absent nodes whose leases the crash loop rewrites in bursts.
+const BURST_NODES: std::ops::Range<u8> = 100..116;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum KillMoment {
+    /// Right after start: reading the config, acquiring the lease.
+    Acquiring,
+    /// Between renewals (every 2 s) or in one.
+    Renewing,
+    /// While a burst of lease changes streams through the watch.
+    WatchBurst,
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    Some(
+        value
+            .parse()
+            .unwrap_or_else(|e| panic!("{name}={value:?}: {e}")),
+    )
+}
+
+/// The burst leases, their MACs shifted by `round`: changes the watch
+/// carries (neighbour and FDB entries), no route changes.
+fn burst(round: u8) -> Vec<(String, String)> {
+    BURST_NODES
+        .map(|n| {
+            let (key, value) = absent_node_lease(n);
+            let mac = format!("0e:00:00:00:{round:02x}:{n:02x}");
+            (key, value.replace(&format!("0e:00:00:00:00:{n:02x}"), &mac))
+        })
+        .collect()
+}
+
+/// Every lease is one node's and every subnet one lease's; node 1's is
+/// `own`.
+fn assert_leases_unique(c: &FlannelCluster, own: &Subnets) {
+    let leases = leases(c);
+    let mut ips = BTreeSet::new();
+    let mut v4 = BTreeSet::new();
+    for (key, value) in &leases {
+        let ip = value["PublicIP"].as_str().unwrap_or_default().to_string();
+        assert!(ips.insert(ip.clone()), "two leases of {ip}: {leases:#?}");
+        let subnet = key.split('&').next().unwrap_or(key).to_string();
+        assert!(
+            v4.insert(subnet.clone()),
+            "{subnet} leased twice: {leases:#?}"
+        );
+    }
+    let own_key = key_of(own);
+    let (_, value) = leases
+        .iter()
+        .find(|(k, _)| own_key.ends_with(k.as_str()))
+        .unwrap_or_else(|| panic!("node-1 holds {own_key}: {leases:#?}"));
+    assert_eq!(value["PublicIP"], c.cluster.node(1).underlay_v4());
+}
+
+#[test]
+fn calc_flannel_killed_at_random_moments_keeps_its_subnet_and_every_route() {
+    let test = "calc_flannel_killed_at_random_moments_keeps_its_subnet_and_every_route";
+    if !can_run(test) {
+        return;
+    }
+    let seed = env_number("VXMGR_CRASH_SEED").unwrap_or_else(|| fastrand::u64(..));
+    let kills = env_number("VXMGR_CRASH_KILLS").map_or(CRASH_KILLS, |n| n as usize);
+    support::say(&format!(
+        "{test}: {kills} kills, seed {seed} (VXMGR_CRASH_SEED={seed} replays it)"
+    ));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut c = cluster(3);
+    block_on(c.set_config(VXLAN_V4)).unwrap();
+    // Renewed every 2 s: kills land in renewals too.
+    let agent = [
+        "--etcd-endpoints",
+        ENDPOINT,
+        "--iface",
+        "eth0",
+        "--subnet-lease-ttl",
+        "10s",
+        "--subnet-lease-renew-margin",
+        "8s",
+    ];
+    start(&mut c, &[&agent[2..], &agent[2..], &agent[2..]]);
+    let subnets = subnets(&c);
+    block_on(async { c.etcd.client().await?.put_all(&burst(0)).await }).unwrap();
+    let mut expected: Vec<String> = subnets.iter().map(|s| s.v4.to_string()).collect();
+    expected.extend(BURST_NODES.map(|n| format!("10.50.{n}.0/24")));
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for dst in expected.iter().filter(|d| **d != subnets[i].v4.to_string()) {
+            wait_route(&node.ns, dst, true);
+        }
+    }
+    let nss: Vec<String> = c.cluster.nodes.iter().map(|n| n.ns.clone()).collect();
+    let mut monitors: Vec<Monitor> = nss
+        .iter()
+        .map(|ns| Monitor::start(ns, &[]).unwrap())
+        .collect();
+
+    let started = Instant::now();
+    let mut moments = Vec::new();
+    for kill in 0..kills {
+        let moment = [
+            KillMoment::Acquiring,
+            KillMoment::Renewing,
+            KillMoment::WatchBurst,
+        ][rng.usize(..3)];
+        let with_vxmgrd = rng.bool();
+        moments.push((moment, with_vxmgrd));
+        match moment {
+            KillMoment::Acquiring => {
+                std::thread::sleep(Duration::from_millis(rng.u64(0..300)));
+                c.stop_agent(1, libc::SIGKILL).unwrap();
+            }
+            KillMoment::Renewing => {
+                std::thread::sleep(Duration::from_millis(rng.u64(1000..5000)));
+                c.stop_agent(1, libc::SIGKILL).unwrap();
+            }
+            KillMoment::WatchBurst => {
+                let delay = Duration::from_millis(rng.u64(0..150));
+                let round = (kill % 200) as u8 + 1;
+                block_on(async {
+                    let mut client = c.etcd.client().await.unwrap();
+                    let writes = async {
+                        for r in 0..5 {
+                            client.put_all(&burst(round.wrapping_add(r))).await.unwrap();
+                        }
+                    };
+                    let killing = async {
+                        tokio::time::sleep(delay).await;
+                        c.stop_agent(1, libc::SIGKILL).unwrap();
+                    };
+                    tokio::join!(writes, killing);
+                });
+            }
+        }
+        if with_vxmgrd {
+            let node = c.cluster.node_mut(1);
+            node.stop_daemon(libc::SIGKILL).unwrap();
+            node.start_daemon(&[]).unwrap();
+        }
+        let in_sync = c.agent_log(1).matches("vxmgrd in sync").count();
+        c.start_agent(1, &agent, &[]).unwrap();
+        c.wait_for_log(1, "vxmgrd in sync", in_sync + 1, WAIT)
+            .unwrap_or_else(|e| panic!("kill {kill} ({moment:?}, seed {seed}): {e}"));
+        let held = c.subnets(1, WAIT).unwrap();
+        assert_eq!(held, subnets[0], "kill {kill} ({moment:?}, seed {seed})");
+        assert_leases_unique(&c, &subnets[0]);
+    }
+    let elapsed = started.elapsed();
+    for (monitor, ns) in monitors.iter_mut().zip(&nss) {
+        let gone = routes_deleted(monitor);
+        assert!(gone.is_empty(), "seed {seed}: {ns} lost {gone:#?}");
+    }
+    for (i, node) in c.cluster.nodes.iter().enumerate() {
+        for dst in expected.iter().filter(|d| **d != subnets[i].v4.to_string()) {
+            wait_route(&node.ns, dst, true);
+        }
+    }
+    let count = |m: KillMoment| moments.iter().filter(|(k, _)| *k == m).count();
+    support::say(&format!(
+        "{test}: {kills} kills in {:.1} s (seed {seed}): {} acquiring, {} renewing, {} in a watch burst; vxmgrd killed too {} times; 0 routes deleted",
+        elapsed.as_secs_f64(),
+        count(KillMoment::Acquiring),
+        count(KillMoment::Renewing),
+        count(KillMoment::WatchBurst),
+        moments.iter().filter(|(_, v)| *v).count()
+    ));
 }

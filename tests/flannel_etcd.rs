@@ -7,30 +7,23 @@
 mod support;
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use support::Daemon;
-use support::flannel::{Agent, block_on, etcd_available, etcd_required};
+use support::flannel::{Agent, block_on, etcd_available, tool_available};
 use support::testbed::etcd::{EtcdServer, EtcdTls};
 
 const CONFIG: &str = r#"{"Network": "10.50.0.0/16", "Backend": {"Type": "host-gw"}}"#;
 
-fn tool_available(test: &str, tool: &str) -> bool {
-    let found = Command::new(tool)
-        .arg("version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success());
-    if !found {
-        assert!(
-            !etcd_required(),
-            "{test}: needs {tool} (VXMGR_REQUIRE_ETCD=1)"
-        );
-        support::say(&format!("SKIPPED {test}: needs {tool}"));
-    }
-    found
+fn write_config(etcd: &EtcdServer) {
+    block_on(async {
+        etcd.client()
+            .await?
+            .put("/coreos.com/network/config", CONFIG)
+            .await
+    })
+    .unwrap();
 }
 
 /// Runs `command`, which must succeed; its output.
@@ -59,13 +52,7 @@ fn a_username_and_password_are_sent_and_a_wrong_one_is_reported() {
     }
     let dir = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start(None, "127.0.0.1", dir.path()).unwrap();
-    block_on(async {
-        etcd.client()
-            .await?
-            .put("/coreos.com/network/config", CONFIG)
-            .await
-    })
-    .unwrap();
+    write_config(&etcd);
     etcdctl(&etcd, &["user", "add", "root:secret"]);
     etcdctl(&etcd, &["user", "grant-role", "root", "root"]);
     etcdctl(&etcd, &["auth", "enable"]);
@@ -191,13 +178,7 @@ fn tls_with_client_certificates() {
     let etcd =
         EtcdServer::start_with(None, "127.0.0.1", &dir.path().join("etcd"), Some(server)).unwrap();
     assert!(etcd.client_url().starts_with("https://"));
-    block_on(async {
-        etcd.client()
-            .await?
-            .put("/coreos.com/network/config", CONFIG)
-            .await
-    })
-    .unwrap();
+    write_config(&etcd);
 
     let daemon = Daemon::memory(&[]);
     let path = |p: &Path| p.to_string_lossy().into_owned();
@@ -233,4 +214,36 @@ fn tls_with_client_certificates() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn an_endpoint_that_does_not_answer_is_left_for_the_next() {
+    let test = "an_endpoint_that_does_not_answer_is_left_for_the_next";
+    if !etcd_available(test) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(None, "127.0.0.1", dir.path()).unwrap();
+    write_config(&etcd);
+    // Nothing listens there.
+    let dead = format!(
+        "http://127.0.0.1:{}",
+        support::testbed::free_port().unwrap()
+    );
+    let daemon = Daemon::memory(&[]);
+    let endpoints = format!("{dead},{}", etcd.client_url());
+    let agent = Agent::start(&daemon, "failover", &["--etcd-endpoints", &endpoints]);
+    agent.wait_for_log("vxmgrd in sync");
+    let log = agent.log();
+    let moved = log
+        .lines()
+        .find(|l| l.contains("etcd endpoint not answering: moving to the next"))
+        .unwrap_or_else(|| panic!("no move to the next endpoint in:\n{log}"));
+    assert!(
+        moved.contains(&format!("endpoint={dead}"))
+            && moved.contains(&format!("next={}", etcd.client_url())),
+        "{moved}"
+    );
+    // Staying there: no call goes to the dead endpoint again.
+    assert_eq!(log.matches("moving to the next").count(), 1, "{log}");
 }

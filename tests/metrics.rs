@@ -116,3 +116,38 @@ fn probes_follow_readiness_and_metrics_count_what_happened() {
     assert_eq!(value("vxmgr_calc_stream_in_sync"), 1.0);
     assert_eq!(value("vxmgr_ready"), 1.0);
 }
+
+#[test]
+fn firewall_operations_are_counted_by_kind_and_operation() {
+    let (daemon, address) = daemon_with_http();
+    let two_nodes = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/replays/two-nodes.jsonl");
+    let mut lines: Vec<String> = std::fs::read_to_string(two_nodes)
+        .unwrap()
+        .lines()
+        .map(str::to_string)
+        .collect();
+    let in_sync = lines.iter().position(|l| l.contains("inSync")).unwrap();
+    lines.insert(
+        in_sync,
+        r#"{"ipamPoolUpdate": {"id": "pods", "pool": {"cidr": "10.244.0.0/16", "masquerade": true}}}"#
+            .to_string(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let replay = dir.path().join("pools.jsonl");
+    std::fs::write(&replay, lines.join("\n")).unwrap();
+    let output = daemon.replay(&[replay.to_str().unwrap()]);
+    assert!(output.status.success(), "{}", support::stderr(&output));
+    daemon.wait_for_log("calc stream ended", 1);
+
+    let (_, _, body) = http_get(&address, "/metrics");
+    let samples = samples(&body);
+    let value = |kind: &str, op: &str| {
+        let series =
+            format!("vxmgr_kernel_operations_total{{kind=\"{kind}\",op=\"{op}\",result=\"ok\"}}");
+        samples.get(&series).copied().unwrap_or(0.0)
+    };
+    // One table with its sets and rule, one IPv4 forward chain.
+    assert_eq!(value("nft_table", "create"), 1.0, "{body}");
+    assert_eq!(value("iptables_chain", "write"), 1.0, "{body}");
+    assert_eq!(value("iptables_chain", "remove"), 0.0, "{body}");
+}

@@ -94,6 +94,24 @@ fn table(ns: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+/// Replaces the IPv4 masquerade rule with an accept, by hand.
+fn break_masquerade_rule(ns: &str) {
+    let handle = table(ns)
+        .unwrap()
+        .lines()
+        .find(|l| l.contains("ip saddr @masq-pools-v4"))
+        .and_then(|l| l.rsplit("handle ").next())
+        .unwrap()
+        .trim()
+        .to_string();
+    sh(
+        ns,
+        &format!(
+            "nft replace rule inet vxmgr postrouting handle {handle} ip saddr @masq-pools-v4 accept"
+        ),
+    );
+}
+
 fn set(ns: &str, name: &str) -> String {
     sh(ns, &format!("nft list set inet vxmgr {name}"))
 }
@@ -109,7 +127,15 @@ fn observed(pod: &str) -> [u64; 2] {
 
 /// What the test needs besides root: the binaries it drives.
 fn tools_present(test: &str) -> bool {
-    let missing: Vec<&str> = ["nft", "iptables-save", "ip6tables-save", "ping"]
+    let tools = [
+        "nft",
+        "iptables-save",
+        "ip6tables-save",
+        "iptables-nft",
+        "iptables-legacy",
+        "ping",
+    ];
+    let missing: Vec<&str> = tools
         .into_iter()
         .filter(|tool| {
             testbed::try_run(&["sh", "-c", &format!("command -v {tool}")])
@@ -255,20 +281,7 @@ fn pools_masquerade_and_forward_through_a_dropping_host_firewall() {
     sh(&n1, "nft delete table inet vxmgr");
     wait_until("the table to be restored", || table(&n1).is_some());
     assert_eq!(sh(&n1, "nft list table inet vxmgr"), programmed);
-    let handle = table(&n1)
-        .unwrap()
-        .lines()
-        .find(|l| l.contains("ip saddr @masq-pools-v4"))
-        .and_then(|l| l.rsplit("handle ").next())
-        .unwrap()
-        .trim()
-        .to_string();
-    sh(
-        &n1,
-        &format!(
-            "nft replace rule inet vxmgr postrouting handle {handle} ip saddr @masq-pools-v4 accept"
-        ),
-    );
+    break_masquerade_rule(&n1);
     wait_until("the rule to be restored", || {
         table(&n1).is_some_and(|t| t.contains("@all-pools-v4 masquerade"))
     });
@@ -316,4 +329,141 @@ fn pools_masquerade_and_forward_through_a_dropping_host_firewall() {
     assert!(!pings(&pod1, INTERNET_V6), "IPv6 still masqueraded");
     assert!(pings(&pod1, INTERNET_V4));
     drop(internet);
+}
+
+/// Whether `iptables` (e.g. `iptables-legacy`) holds anything of vxmgr's.
+fn holds_ours(ns: &str, iptables: &str) -> bool {
+    sh(ns, &format!("{iptables}-save -t filter")).contains("VXMGR-FORWARD")
+}
+
+/// `FORWARD` of `iptables`, vxmgr's jump first, then what others put there.
+fn forward_with_our_jump_first(ns: &str, iptables: &str, others: &[&str]) -> bool {
+    let chain = forward_chain(ns, iptables);
+    let mut expected: Vec<String> = others.iter().map(|r| r.to_string()).collect();
+    expected.insert(1, "-A FORWARD -j VXMGR-FORWARD".to_string());
+    chain == expected
+}
+
+/// A node started on a host without iptables rules (or with one rule in
+/// the backend named `first`), its masquerading pools reaching the
+/// internet; then Docker sets up the `docker` backend (FORWARD drops, a
+/// chain and jump of its own). The pods reach the internet again once
+/// vxmgrd moved its chain, with the default route refresh (90 s): the move
+/// comes from nftables' notifications or the legacy poll.
+fn forward_rules_follow_docker(test: &str, first: &str, docker: &str) {
+    if !can_run(test) || !tools_present(test) {
+        return;
+    }
+    let mut cluster = cluster(1);
+    let internet = internet(&cluster);
+    let (n1, pod1) = (cluster.node(1).ns.clone(), cluster.node(1).pod_ns());
+    let family = |iptables: &str, family: &str| iptables.replace("iptables", family);
+    let seed = "-A INPUT -i lo -j ACCEPT";
+    if first == "iptables-nft" {
+        for f in ["iptables", "ip6tables"] {
+            sh(&n1, &format!("{} {seed}", family(first, f)));
+        }
+    }
+    cluster.node_mut(1).start_daemon(&[]).unwrap();
+    let masquerading = [
+        pool("pods-v4", "10.244.0.0/16", true),
+        pool("pods-v6", "fd00:244::/48", true),
+    ];
+    replay_pools(&cluster, &masquerading);
+    let other = if first == "iptables-nft" {
+        "iptables-legacy"
+    } else {
+        "iptables-nft"
+    };
+    assert!(holds_ours(&n1, first), "{first} chosen first");
+    if first == "iptables-nft" {
+        // vxmgrd's reads of the legacy backend made none of its tables
+        // (this test's own read below makes its filter table).
+        for names in ["ip_tables_names", "ip6_tables_names"] {
+            let tables = sh(&n1, &format!("cat /proc/net/{names}"));
+            assert!(tables.trim().is_empty(), "{names}: {tables}");
+        }
+    }
+    assert!(!holds_ours(&n1, other));
+    assert!(pings(&pod1, INTERNET_V4), "masqueraded (IPv4)");
+
+    for f in ["iptables", "ip6tables"] {
+        let iptables = family(docker, f);
+        sh(&n1, &format!("{iptables} -P FORWARD DROP"));
+        sh(&n1, &format!("{iptables} -N DOCKER-USER"));
+        sh(&n1, &format!("{iptables} -A FORWARD -j DOCKER-USER"));
+    }
+    wait_until("pods to reach the internet through the new drop", || {
+        pings(&pod1, INTERNET_V4) && pings(&pod1, INTERNET_V6)
+    });
+    let docker_forward = [":FORWARD DROP", "-A FORWARD -j DOCKER-USER"];
+    for f in ["iptables", "ip6tables"] {
+        let (into, from) = (family(docker, f), family(first, f));
+        assert!(
+            forward_with_our_jump_first(&n1, &into, &docker_forward),
+            "{into}: {:?}",
+            forward_chain(&n1, &into)
+        );
+        if into != from {
+            assert!(!holds_ours(&n1, &from), "{from} still holds vxmgr's chain");
+        }
+        if first == "iptables-nft" {
+            let save = sh(&n1, &format!("{from}-save -t filter"));
+            assert!(save.contains(seed), "{from} lost its rule: {save}");
+        }
+    }
+    assert!(sh(&n1, &format!("{docker} -S DOCKER-USER")).contains("-N DOCKER-USER"));
+    drop(internet);
+}
+
+#[test]
+fn forward_rules_follow_docker_to_iptables_nft() {
+    forward_rules_follow_docker(
+        "forward_rules_follow_docker_to_iptables_nft",
+        "iptables-legacy",
+        "iptables-nft",
+    );
+}
+
+#[test]
+fn forward_rules_follow_docker_to_iptables_legacy() {
+    forward_rules_follow_docker(
+        "forward_rules_follow_docker_to_iptables_legacy",
+        "iptables-nft",
+        "iptables-legacy",
+    );
+}
+
+/// With the default route refresh (90 s), vxmgr's table deleted or changed
+/// by hand comes back as it was: nftables notifies the change.
+#[test]
+fn the_table_is_repaired_when_nftables_reports_a_change() {
+    let test = "the_table_is_repaired_when_nftables_reports_a_change";
+    if !can_run(test) || !tools_present(test) {
+        return;
+    }
+    let mut cluster = cluster(1);
+    let n1 = cluster.node(1).ns.clone();
+    cluster.node_mut(1).start_daemon(&[]).unwrap();
+    replay_pools(&cluster, &[pool("pods-v4", "10.244.0.0/16", true)]);
+    let programmed = sh(&n1, "nft list table inet vxmgr");
+    let restored = |what: &str| {
+        wait_until(what, || {
+            table(&n1).is_some() && sh(&n1, "nft list table inet vxmgr") == programmed
+        })
+    };
+    sh(&n1, "nft delete table inet vxmgr");
+    restored("the deleted table to come back");
+    sh(
+        &n1,
+        "nft delete element inet vxmgr all-pools-v4 { 10.244.0.0/16 }",
+    );
+    restored("the deleted element to come back");
+    sh(
+        &n1,
+        "nft add element inet vxmgr masq-pools-v4 { 192.168.77.0/24 }",
+    );
+    restored("the added element to go");
+    break_masquerade_rule(&n1);
+    restored("the changed rule to be put back");
 }

@@ -28,6 +28,10 @@ pub enum Scenario {
     /// kube-apiserver: N Nodes to the kernel, cold, one at a time and a
     /// burst of updates (root, etcd, VXMGR_KUBE_APISERVER/VXMGR_KUBECTL).
     Kube,
+    /// vxmgrd following the host's firewall: its forward chain moved after
+    /// Docker's drop in iptables-nft and in iptables-legacy, its nftables
+    /// table repaired after a delete; 20 trials each (root, iptables, nft).
+    Firewall,
 }
 
 impl Scenario {
@@ -42,6 +46,7 @@ impl Scenario {
                 | Scenario::Flannel
                 | Scenario::Cni
                 | Scenario::Kube
+                | Scenario::Firewall
         )
     }
 }

@@ -12,6 +12,7 @@ mod cluster;
 mod cni;
 mod cold;
 mod daemon;
+mod firewall;
 mod flannel;
 mod ingest;
 mod inprocess;
@@ -80,6 +81,7 @@ fn main() -> ExitCode {
             Scenario::Flannel => flannel::run(&bench),
             Scenario::Cni => cni::run(&bench),
             Scenario::Kube => kube::run(&bench),
+            Scenario::Firewall => firewall::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(

@@ -9,6 +9,7 @@ pub mod kube;
 use std::collections::BTreeSet;
 use std::future::Future;
 
+use crate::allocate::Previous;
 use crate::lease::{Lease, LeaseAttrs};
 use crate::network::NetworkConfig;
 use crate::subnet::SubnetKey;
@@ -40,13 +41,15 @@ pub trait SubnetManager: Send {
     fn network_config(&mut self) -> impl Future<Output = NetworkConfig> + Send;
 
     /// Holds this node's lease, `attrs` being its value as this node sees
-    /// it, and lists every other lease. Returns the lease as held (its
+    /// it, asking for the `previous` subnets first where the manager
+    /// chooses subnets, and lists every other lease. Returns the lease as held (its
     /// value may differ from `attrs`, e.g. an address overwritten by the
     /// operator) and the listing, as a [`LeaseChange::Resync`].
     fn acquire(
         &mut self,
         config: &NetworkConfig,
         attrs: LeaseAttrs,
+        previous: Previous,
     ) -> impl Future<Output = (Lease, LeaseChange)> + Send;
 
     /// Waits until there is something to do. Cancel-safe: dropped, it

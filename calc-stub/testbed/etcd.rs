@@ -2,7 +2,8 @@
 //! `etcd` binary (Debian's etcd-server) on a data directory of its own,
 //! in the namespace given, listening there over TCP and, for this process
 //! in whatever namespace it is, on a unix socket in its directory. Stopped
-//! and started again on the same data; killed when dropped.
+//! and started again on the same data; killed when dropped. One may be a
+//! member of a cluster of several (`etcd_cluster.rs`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -35,12 +36,16 @@ pub fn available() -> bool {
 
 pub struct EtcdServer {
     ns: Option<String>,
+    /// Its name and `--initial-cluster`.
+    membership: Option<(String, String)>,
     dir: PathBuf,
     /// `http://<address>:2379` in its namespace (https with TLS).
     client_url: String,
     peer_url: String,
     tls: Option<EtcdTls>,
     child: Option<Child>,
+    /// Says when the etcd started last serves.
+    ready: Option<mpsc::Receiver<()>>,
 }
 
 /// PEM files for an etcd that serves TLS to clients and asks for their
@@ -68,6 +73,18 @@ impl EtcdServer {
         dir: &Path,
         tls: Option<EtcdTls>,
     ) -> Result<EtcdServer> {
+        let mut server = EtcdServer::new(ns, address, dir, tls)?;
+        server.start_again()?;
+        Ok(server)
+    }
+
+    /// An etcd not started yet: ports as `start` says.
+    fn new(
+        ns: Option<&str>,
+        address: &str,
+        dir: &Path,
+        tls: Option<EtcdTls>,
+    ) -> Result<EtcdServer> {
         std::fs::create_dir_all(dir)?;
         let (client, peer) = if ns.is_none() {
             (free_port()?, free_port()?)
@@ -80,16 +97,42 @@ impl EtcdServer {
             address.to_string()
         };
         let scheme = if tls.is_some() { "https" } else { "http" };
-        let mut server = EtcdServer {
+        Ok(EtcdServer {
             ns: ns.map(str::to_string),
+            membership: None,
             dir: dir.to_path_buf(),
             client_url: format!("{scheme}://{host}:{client}"),
             peer_url: format!("http://{host}:{peer}"),
             tls,
             child: None,
-        };
-        server.start_again()?;
+            ready: None,
+        })
+    }
+
+    /// A member named `name` of the cluster `initial_cluster` (etcd's
+    /// `name=peer-url,...`), in namespace `ns` on `address`, started but
+    /// not waited for: it serves once a quorum of members runs (see
+    /// [`EtcdServer::wait_serving`]).
+    pub fn spawn_member(
+        ns: &str,
+        address: &str,
+        dir: &Path,
+        name: &str,
+        initial_cluster: &str,
+    ) -> Result<EtcdServer> {
+        let mut server = EtcdServer::new(Some(ns), address, dir, None)?;
+        server.membership = Some((name.to_string(), initial_cluster.to_string()));
+        server.spawn()?;
         Ok(server)
+    }
+
+    pub fn peer_url(&self) -> &str {
+        &self.peer_url
+    }
+
+    /// The directory holding its data, socket and log.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     pub fn client_url(&self) -> &str {
@@ -102,6 +145,21 @@ impl EtcdServer {
 
     /// Starts etcd (again, on the same data) and waits until it serves.
     pub fn start_again(&mut self) -> Result<()> {
+        self.spawn()?;
+        self.wait_serving()
+    }
+
+    /// Starts etcd (again, on the same data).
+    fn spawn(&mut self) -> Result<()> {
+        let (name, initial_cluster) = self
+            .membership
+            .clone()
+            .unwrap_or_else(|| ("default".into(), format!("default={}", self.peer_url)));
+        // A killed etcd leaves its socket behind, and would not bind it.
+        match std::fs::remove_file(self.socket_path()) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),
+            _ => {}
+        }
         let mut command = match &self.ns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -112,14 +170,13 @@ impl EtcdServer {
         };
         command
             .current_dir(&self.dir)
-            .args(["--name", "default", "--data-dir", "data"])
+            .args(["--name", &name, "--data-dir", "data"])
             .arg("--listen-client-urls")
             .arg(format!("{},unix://{SOCKET}", self.client_url))
             .args(["--advertise-client-urls", &self.client_url])
             .args(["--listen-peer-urls", &self.peer_url])
             .args(["--initial-advertise-peer-urls", &self.peer_url])
-            .arg("--initial-cluster")
-            .arg(format!("default={}", self.peer_url));
+            .args(["--initial-cluster", &initial_cluster]);
         if let Some(tls) = &self.tls {
             command
                 .arg("--cert-file")
@@ -157,35 +214,54 @@ impl EtcdServer {
                 }
             }
         });
-        if ready_rx.recv_timeout(START_TIMEOUT).is_err() {
+        self.child = Some(child);
+        self.ready = Some(ready_rx);
+        Ok(())
+    }
+
+    /// Waits until the etcd started last serves clients.
+    pub fn wait_serving(&mut self) -> Result<()> {
+        let ready = self.ready.take();
+        if ready.is_some_and(|r| r.recv_timeout(START_TIMEOUT).is_ok()) {
+            return Ok(());
+        }
+        if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
-            return Err(TestbedError::Timeout {
-                what: "etcd serving".into(),
-                timeout: START_TIMEOUT,
-                seen: std::fs::read_to_string(self.log_path()).unwrap_or_default(),
-            });
         }
-        self.child = Some(child);
-        Ok(())
+        Err(TestbedError::Timeout {
+            what: "etcd serving".into(),
+            timeout: START_TIMEOUT,
+            seen: std::fs::read_to_string(self.log_path()).unwrap_or_default(),
+        })
     }
 
     /// Stops etcd (SIGTERM) and waits for it; its data stays.
     pub fn stop(&mut self) -> Result<()> {
+        self.stop_with(libc::SIGTERM)
+    }
+
+    /// Stops etcd with `signal` and waits for it; its data stays.
+    pub fn stop_with(&mut self, signal: i32) -> Result<()> {
         if let Some(mut child) = self.child.take() {
             // `ip netns exec` execs etcd: the child's pid is etcd's.
             // SAFETY: kill(2) on our own child.
             unsafe {
-                libc::kill(child.id() as i32, libc::SIGTERM);
+                libc::kill(child.id() as i32, signal);
             }
             child.wait()?;
         }
         Ok(())
     }
 
+    /// Its unix socket, reachable from this process's namespace.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.join(SOCKET)
+    }
+
     /// A client over the unix socket, from this process's namespace.
     pub async fn client(&self) -> Result<EtcdClient> {
-        let channel = vxmgr::client::connect(&self.dir.join(SOCKET))
+        let channel = vxmgr::client::connect(&self.socket_path())
             .await
             .map_err(|e| {
                 TestbedError::Io(std::io::Error::other(format!("connecting to etcd: {e}")))

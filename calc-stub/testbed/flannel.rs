@@ -12,6 +12,7 @@ use ipnetwork::IpNetwork;
 use vxmgr::subnet_env::SubnetEnv;
 
 use super::etcd::EtcdServer;
+use super::etcd_cluster::EtcdCluster;
 use super::kube::{Authorization, KubeApiServer};
 use super::{Binaries, Cluster, PodNetwork, Result, TestbedError, sh};
 
@@ -32,6 +33,9 @@ pub struct FlannelCluster {
     pub kube: Option<KubeApiServer>,
     /// Dropped before the cluster, whose directory holds its data.
     pub etcd: EtcdServer,
+    /// A cluster of several members ([`FlannelCluster::start_etcd_cluster`]),
+    /// beside the single etcd.
+    pub etcd_cluster: Option<EtcdCluster>,
     pub cluster: Cluster,
     keep: bool,
 }
@@ -67,6 +71,7 @@ impl FlannelCluster {
             calc_flannel: calc_flannel.to_path_buf(),
             kube: None,
             etcd,
+            etcd_cluster: None,
             cluster,
             keep: false,
         })
@@ -101,6 +106,25 @@ impl FlannelCluster {
             server.keep();
         }
         Ok(server)
+    }
+
+    /// Starts an etcd cluster of one member per address (on the
+    /// underlay's 192.168.10.0/24, each in a namespace of its own) and
+    /// writes the network `config` into it.
+    pub async fn start_etcd_cluster(
+        &mut self,
+        addresses: &[&str],
+        config: &str,
+    ) -> Result<&mut EtcdCluster> {
+        let mut etcd = EtcdCluster::start(&self.cluster, addresses)?;
+        if self.keep {
+            etcd.keep();
+        }
+        etcd.client(0)
+            .await?
+            .put(&format!("{PREFIX}/config"), config)
+            .await?;
+        Ok(self.etcd_cluster.insert(etcd))
     }
 
     /// The admin's kubeconfig for the kube-apiserver.
@@ -289,6 +313,9 @@ impl FlannelCluster {
             kube.keep();
         }
         self.etcd.keep();
+        if let Some(etcd) = &mut self.etcd_cluster {
+            etcd.keep();
+        }
         self.cluster.keep();
     }
 }

@@ -11,6 +11,7 @@ pub mod churn;
 mod cluster;
 pub mod cni;
 pub mod etcd;
+pub mod etcd_cluster;
 pub mod flannel;
 pub mod kube;
 mod monitor;

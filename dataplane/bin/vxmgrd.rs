@@ -110,6 +110,13 @@ struct Cli {
     /// uses, detected as Felix does).
     #[arg(long, env = "VXMGR_IPTABLES_BACKEND", value_enum, default_value_t = IptablesBackend::Auto)]
     iptables_backend: IptablesBackend,
+    /// Interval of the check of the legacy iptables backend's filter
+    /// tables, which send no change notification (nftables' do): a new
+    /// FORWARD drop or rule there moves the forward rules within it. Runs
+    /// only with forward rules through auto or legacy; 0 turns it off
+    /// (then the route refresh catches such changes).
+    #[arg(long, env = "VXMGR_IPTABLES_LEGACY_POLL_INTERVAL", value_parser = humantime::parse_duration, default_value = "1s")]
+    iptables_legacy_poll_interval: Duration,
     /// Turn TX checksum offload off on the VXLAN devices.
     #[arg(long, env = "VXMGR_CHECKSUM_OFFLOAD_BROKEN", value_enum, default_value_t = ChecksumOffloadBroken::Auto)]
     checksum_offload_broken: ChecksumOffloadBroken,
@@ -173,6 +180,8 @@ impl Cli {
             batch_interval: self.batch_interval,
             heartbeat_interval: self.heartbeat_interval,
             device_check_interval: self.device_check_interval,
+            legacy_poll_interval: (!self.iptables_legacy_poll_interval.is_zero())
+                .then_some(self.iptables_legacy_poll_interval),
             contest_window: self.contest_window,
             response_buffer: self.response_buffer,
             nexthops: self.nexthop_objects,

@@ -53,6 +53,7 @@ pub enum KernelEvent {
 
 pub struct KernelTaskOptions {
     pub device_check_interval: Duration,
+    pub legacy_poll_interval: Option<Duration>,
     pub refresh_interval: Option<Duration>,
     pub metrics: Arc<Metrics>,
 }
@@ -92,6 +93,11 @@ pub async fn run<B: KernelBackend>(
         options.device_check_interval,
     );
     device_check.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut legacy_poll = options.legacy_poll_interval.map(|every| {
+        let mut poll = interval_at(tokio::time::Instant::now() + every, every);
+        poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        poll
+    });
     let mut releaser = heap::Releaser::default();
     let mut refresh_interval = options.refresh_interval;
     let mut next_refresh = refresh_interval.map(|d| Instant::now() + d);
@@ -165,6 +171,17 @@ pub async fn run<B: KernelBackend>(
                     return;
                 }
             }
+            _ = tick(&mut legacy_poll), if legacy_poll.is_some() => {
+                if !reconciler.poll_legacy_iptables().await {
+                    continue;
+                }
+                if let Ok(report) = reconciler.repair(Instant::now()).await {
+                    metrics.repaired("legacy_iptables_poll", changes(&report));
+                    if events.send(background(&reconciler, report)).await.is_err() {
+                        return;
+                    }
+                }
+            }
             _ = device_check.tick() => {
                 let report = reconciler.check_devices().await;
                 metrics.repaired("device_check", changes(&report));
@@ -204,6 +221,13 @@ async fn resync<B: KernelBackend>(
 
 fn changes(report: &Report) -> u32 {
     report.added + report.changed + report.removed
+}
+
+async fn tick(interval: &mut Option<tokio::time::Interval>) {
+    match interval {
+        Some(interval) => _ = interval.tick().await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn recv<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {

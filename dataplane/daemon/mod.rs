@@ -69,6 +69,8 @@ pub struct DaemonOptions {
     pub batch_interval: Duration,
     pub heartbeat_interval: Duration,
     pub device_check_interval: Duration,
+    /// Interval of the legacy iptables poll; `None`: off.
+    pub legacy_poll_interval: Option<Duration>,
     /// More than 5 repairs of one object within it make the object contested.
     pub contest_window: Duration,
     /// Responses buffered for a stream before its client counts as not reading.
@@ -283,6 +285,7 @@ impl Tasks {
         let (events_tx, events_rx) = mpsc::channel(16);
         let task_options = KernelTaskOptions {
             device_check_interval: options.device_check_interval,
+            legacy_poll_interval: options.legacy_poll_interval,
             refresh_interval: settings.route_refresh_interval,
             metrics: metrics.clone(),
         };

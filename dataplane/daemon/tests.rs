@@ -31,6 +31,7 @@ fn options() -> DaemonOptions {
         // Only the passes a test causes, and retries.
         heartbeat_interval: Duration::from_secs(3600),
         device_check_interval: Duration::from_secs(3600),
+        legacy_poll_interval: None,
         contest_window: crate::reconciler::CONTEST_WINDOW,
         response_buffer: crate::server::RESPONSE_BUFFER,
         nexthops: NexthopMode::On,

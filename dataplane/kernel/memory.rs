@@ -13,7 +13,7 @@ use ipnetwork::IpNetwork;
 use tokio::sync::{mpsc, watch};
 
 use super::firewall::memory::FirewallModel;
-use super::firewall::{Firewall, FirewallChanges, FirewallError, FirewallState, IptablesBackend};
+use super::firewall::{Firewall, FirewallChanges, FirewallError, FirewallState};
 use super::objects::{
     DumpedNexthop, IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute,
     KernelRouteVia, KernelState, Link, Notification, Ownership, TableRoute, VxlanAttrs,
@@ -189,6 +189,17 @@ impl MemoryBackend {
             }
         }
         Ok(())
+    }
+
+    /// Another agent changes the firewall. A change made through nftables
+    /// (`notified`: vxmgr's table, iptables-nft) is notified as Linux
+    /// notifies it; legacy iptables' changes are not.
+    pub fn change_firewall(&self, notified: bool, change: impl FnOnce(&mut FirewallModel)) {
+        let mut k = self.lock();
+        change(&mut k.firewall);
+        if let Some(watcher) = k.watcher.as_ref().filter(|_| notified) {
+            let _ = watcher.send(Notification::Firewall);
+        }
     }
 
     /// Starts keeping every operation in `MemoryKernel::log`.
@@ -483,15 +494,16 @@ impl MemoryKernel {
 }
 
 impl Firewall for MemoryBackend {
-    async fn read(
-        &mut self,
-        forward: Option<IptablesBackend>,
-    ) -> Result<FirewallState, FirewallError> {
+    async fn read(&mut self, forward: bool) -> Result<FirewallState, FirewallError> {
         self.lock().firewall.read(forward)
     }
 
     async fn apply(&mut self, changes: &FirewallChanges) -> Result<(), FirewallError> {
         self.lock().firewall.apply(changes)
+    }
+
+    async fn legacy_filter_digest(&mut self) -> u64 {
+        self.lock().firewall.legacy_filter_digest()
     }
 }
 

@@ -13,7 +13,7 @@ use std::net::IpAddr;
 use tokio::sync::mpsc;
 
 use crate::desired::ParentInterface;
-use firewall::Firewall;
+use firewall::{Firewall, FirewallChanges, FirewallError};
 use objects::{KernelOp, KernelState, Link, Notification, Ownership};
 
 /// Why the kernel refused an operation or a read.
@@ -52,6 +52,15 @@ pub trait KernelBackend: Send + 'static {
     type Firewall: Firewall;
 
     fn firewall(&mut self) -> &mut Self::Firewall;
+
+    /// Applies firewall changes (`Firewall::apply`); here so that a backend
+    /// wrapping another can see them.
+    fn apply_firewall(
+        &mut self,
+        changes: &FirewallChanges,
+    ) -> impl Future<Output = Result<(), FirewallError>> + Send {
+        self.firewall().apply(changes)
+    }
 
     /// Every object vxmgr owns, by the rules in `ownership`.
     fn dump(

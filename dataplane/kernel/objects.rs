@@ -502,6 +502,8 @@ pub enum Notification {
     },
     /// A link appeared, changed or went, or an address changed, somewhere.
     Links,
+    /// nftables changed vxmgr's table or iptables-nft's `filter` tables.
+    Firewall,
     /// Notifications were lost (the socket overran): re-read everything.
     Overrun,
 }

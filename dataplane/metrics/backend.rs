@@ -8,6 +8,7 @@ use tokio::sync::mpsc;
 
 use super::Metrics;
 use crate::desired::ParentInterface;
+use crate::kernel::firewall::{FirewallChanges, FirewallError, ForwardOp, TableOp};
 use crate::kernel::objects::{IpsetChange, KernelOp, KernelState, Link, Notification, Ownership};
 use crate::kernel::{KernelBackend, KernelError};
 
@@ -53,11 +54,42 @@ fn labels(op: &KernelOp) -> (&'static str, &'static str) {
     }
 }
 
+/// A firewall change's object kind and operation.
+fn table_labels(op: &TableOp) -> (&'static str, &'static str) {
+    match op {
+        TableOp::Create(_) => ("nft_table", "create"),
+        TableOp::AddElements(..) => ("nft_set", "add_elements"),
+        TableOp::DeleteElements(..) => ("nft_set", "delete_elements"),
+        TableOp::AddMasquerade(_) => ("nft_rule", "add"),
+        TableOp::DeleteMasquerade { .. } => ("nft_rule", "delete"),
+    }
+}
+
+fn forward_labels(op: &ForwardOp) -> (&'static str, &'static str) {
+    match op {
+        ForwardOp::Write { .. } => ("iptables_chain", "write"),
+        ForwardOp::Remove { .. } => ("iptables_chain", "remove"),
+    }
+}
+
 impl<B: KernelBackend> KernelBackend for MeteredBackend<B> {
     type Firewall = B::Firewall;
 
     fn firewall(&mut self) -> &mut B::Firewall {
         self.inner.firewall()
+    }
+
+    /// One apply is one transaction: each of its operations counts with
+    /// the transaction's result.
+    async fn apply_firewall(&mut self, changes: &FirewallChanges) -> Result<(), FirewallError> {
+        let result = self.inner.apply_firewall(changes).await;
+        let labels = changes.table.iter().map(table_labels);
+        let labels = labels.chain(changes.forward.iter().map(|c| forward_labels(&c.op)));
+        for (kind, name) in labels {
+            self.metrics
+                .kernel_operations(kind, name, result.is_ok(), 1);
+        }
+        result
     }
 
     async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {

@@ -1,7 +1,10 @@
 //! The firewall rules made of the IP pools: vxmgr's nftables table (the
 //! pools' sets and the masquerade rules) and its forward chains. Read from
-//! the firewall when due (start-up, resyncs, after a failure), compared
-//! with what the pools call for, and changed in one transaction.
+//! the firewall when due (start-up, resyncs, after a failure, when
+//! nftables reports a change of the tables concerned or the legacy iptables
+//! poll sees one), compared with what the pools call for, and changed in
+//! one transaction. Each read chooses the iptables backend again (see
+//! `detect::choose`): the forward chains follow the host's firewall.
 //! Before the stream's InSync, CIDRs found in the table that no declared
 //! pool covers stay (a restart changes nothing); after it they go.
 
@@ -9,14 +12,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use ipnetwork::IpNetwork;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::{ObjectError, Reconciler, Report, table};
 use crate::desired::Change;
 use crate::kernel::KernelBackend;
+use crate::kernel::firewall::detect;
 use crate::kernel::firewall::{
-    Firewall, FirewallChanges, FirewallError, FirewallState, ForwardChange, IptablesBackend,
-    PoolSet, PoolSets, TableOp, forward_rules,
+    Firewall, FirewallChanges, FirewallError, FirewallState, ForwardChange, ForwardOp,
+    IptablesBackend, IptablesMode, PoolSet, PoolSets, TableOp, forward_rules,
 };
 use crate::model::{Family, IpPool};
 
@@ -29,6 +33,10 @@ pub(super) struct FirewallSlot {
     pools: BTreeMap<String, IpPool>,
     /// Forwarding rules through this iptables backend; `None`: off.
     pub forward: Option<IptablesBackend>,
+    /// The iptables backend the forward chains are in, once chosen.
+    mode: Option<IptablesMode>,
+    /// The legacy backend's filter tables as last polled.
+    legacy_digest: Option<u64>,
     /// As last read, or as the last apply left it; `None`: to be read.
     actual: Option<FirewallState>,
     /// The pools changed, or the firewall is to be checked again.
@@ -53,6 +61,8 @@ pub struct FirewallStatus {
     pub masquerading: Vec<String>,
     /// Forwarding rules: off, or the iptables backend asked for.
     pub forward: Option<IptablesBackend>,
+    /// The iptables backend the forward chains are in, once chosen.
+    pub mode: Option<IptablesMode>,
     pub forward_drops: Vec<String>,
     pub error: Option<String>,
 }
@@ -77,6 +87,23 @@ impl FirewallSlot {
     pub fn recheck(&mut self) {
         self.actual = None;
         self.dirty = true;
+    }
+
+    /// Whether the legacy iptables backend needs polling: forwarding rules
+    /// on through a backend that may be legacy, and something to keep.
+    pub fn polls_legacy(&self) -> bool {
+        self.forward
+            .is_some_and(|flag| flag != IptablesBackend::Nft && !self.no_table)
+    }
+
+    /// Takes in a poll of the legacy backend; whether it changed since the
+    /// last (then the firewall is read again).
+    pub fn legacy_polled(&mut self, digest: u64) -> bool {
+        let changed = self.legacy_digest.replace(digest) != Some(digest);
+        if changed {
+            self.recheck();
+        }
+        changed
     }
 
     pub fn due(&self, now: Instant) -> bool {
@@ -108,6 +135,7 @@ impl FirewallSlot {
             pools: members(false),
             masquerading: members(true),
             forward: self.forward,
+            mode: self.mode,
             forward_drops: self
                 .actual
                 .as_ref()
@@ -140,9 +168,14 @@ impl FirewallSlot {
     }
 }
 
-/// The changes that make `actual` what `wanted` calls for. No table and no
-/// chain are made while there is no pool.
-pub(super) fn plan(wanted: &PoolSets, actual: &FirewallState) -> FirewallChanges {
+/// The changes that make `actual` what `wanted` calls for, the forward
+/// chains in backend `mode` (and none in the other). No table and no chain
+/// are made while there is no pool.
+pub(super) fn plan(
+    wanted: &PoolSets,
+    actual: &FirewallState,
+    mode: IptablesMode,
+) -> FirewallChanges {
     let mut changes = FirewallChanges::default();
     let any_pool = PoolSet::ALL.iter().any(|s| !wanted.get(*s).is_empty());
     match &actual.table {
@@ -176,17 +209,33 @@ pub(super) fn plan(wanted: &PoolSets, actual: &FirewallState) -> FirewallChanges
         }
         _ => changes.table.push(TableOp::Create(wanted.clone())),
     }
-    for (family, chain) in Family::ALL.into_iter().zip(actual.forward.iter().flatten()) {
-        let pools = wanted.get(PoolSet::new(family, false));
+    let Some(backends) = &actual.forward else {
+        return changes;
+    };
+    for (family, chain) in Family::ALL.iter().zip(&backends[mode as usize].chains) {
+        let pools = wanted.get(PoolSet::new(*family, false));
         if pools.is_empty() && chain.rules.is_none() {
             continue;
         }
         let rules = forward_rules(pools);
         if chain.rules.as_ref() != Some(&rules) || !chain.jump_in_place() {
             changes.forward.push(ForwardChange {
-                family,
-                rules,
-                replace_jumps: (!chain.jump_in_place()).then_some(chain.jumps),
+                mode,
+                family: *family,
+                op: ForwardOp::Write {
+                    rules,
+                    replace_jumps: (!chain.jump_in_place()).then_some(chain.jumps),
+                },
+            });
+        }
+    }
+    let other = mode.other();
+    for (family, chain) in Family::ALL.iter().zip(&backends[other as usize].chains) {
+        if chain.rules.is_some() || chain.jumps > 0 {
+            changes.forward.push(ForwardChange {
+                mode: other,
+                family: *family,
+                op: ForwardOp::Remove { jumps: chain.jumps },
             });
         }
     }
@@ -204,7 +253,12 @@ fn count(changes: &FirewallChanges, had_table: bool, report: &mut Report) {
             TableOp::DeleteMasquerade { .. } => report.removed += 1,
         }
     }
-    report.changed += changes.forward.len() as u32;
+    for change in &changes.forward {
+        match change.op {
+            ForwardOp::Write { .. } => report.changed += 1,
+            ForwardOp::Remove { .. } => report.removed += 1,
+        }
+    }
 }
 
 impl<B: KernelBackend> Reconciler<B> {
@@ -258,7 +312,12 @@ impl<B: KernelBackend> Reconciler<B> {
             None => self.read_firewall().await?,
         };
         self.warn_forward_drops(&actual);
-        let changes = plan(&self.firewall.wanted_with(self.sweep, &actual), &actual);
+        let mode = self.choose_backend(&actual)?;
+        let changes = plan(
+            &self.firewall.wanted_with(self.sweep, &actual),
+            &actual,
+            mode,
+        );
         if changes.is_empty() {
             self.firewall.no_table = actual.table.is_none();
             self.firewall.actual = Some(actual);
@@ -266,10 +325,10 @@ impl<B: KernelBackend> Reconciler<B> {
         }
         debug!(?changes, "firewall");
         report.operations += 1;
-        self.backend.firewall().apply(&changes).await?;
+        self.backend.apply_firewall(&changes).await?;
         count(&changes, actual.table.is_some(), report);
         // Read back: the new rules' handles, and what GetState shows.
-        let after = self.backend.firewall().read(forward).await?;
+        let after = self.backend.firewall().read(forward.is_some()).await?;
         self.firewall.no_table = after.table.is_none();
         self.firewall.actual = Some(after);
         Ok(())
@@ -279,15 +338,42 @@ impl<B: KernelBackend> Reconciler<B> {
     /// when vxmgr's table says pools were programmed: a host that never has
     /// any is spared iptables' backend detection.
     async fn read_firewall(&mut self) -> Result<FirewallState, FirewallError> {
-        let forward = self.firewall.forward;
-        if !self.firewall.pools.is_empty() || forward.is_none() {
+        let forward = self.firewall.forward.is_some();
+        if !self.firewall.pools.is_empty() || !forward {
             return self.backend.firewall().read(forward).await;
         }
-        let actual = self.backend.firewall().read(None).await?;
+        let actual = self.backend.firewall().read(false).await?;
         match actual.table {
-            Some(_) => self.backend.firewall().read(forward).await,
+            Some(_) => self.backend.firewall().read(true).await,
             None => Ok(actual),
         }
+    }
+
+    /// The iptables backend for the forward chains, chosen again from what
+    /// was just read (any backend when forwarding rules are off: there
+    /// is nothing to plan in it). An unreadable backend in use is an error.
+    fn choose_backend(&mut self, actual: &FirewallState) -> Result<IptablesMode, FirewallError> {
+        let (Some(flag), Some(census)) = (self.firewall.forward, &actual.forward) else {
+            return Ok(self.firewall.mode.unwrap_or(IptablesMode::Nft));
+        };
+        let mode = detect::choose(flag, census, self.firewall.mode);
+        if let Some(error) = &census[mode as usize].error {
+            return Err(FirewallError(error.clone()));
+        }
+        if self.firewall.mode.replace(mode) != Some(mode) {
+            info!(backend = %mode, "iptables backend for the forward rules");
+        }
+        Ok(mode)
+    }
+
+    /// Polls the legacy iptables backend (it sends no notification);
+    /// whether the firewall is to be repaired.
+    pub async fn poll_legacy_iptables(&mut self) -> bool {
+        if !self.firewall.polls_legacy() {
+            return false;
+        }
+        let digest = self.backend.firewall().legacy_filter_digest().await;
+        self.firewall.legacy_polled(digest)
     }
 
     /// Nobody can override another table's drop: said once per chain.
@@ -306,7 +392,9 @@ impl<B: KernelBackend> Reconciler<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernel::firewall::{ForwardChain, NatTable};
+    use crate::kernel::firewall::{BackendCensus, ForwardChain, NatTable};
+
+    const NFT: IptablesMode = IptablesMode::Nft;
 
     fn net(s: &str) -> IpNetwork {
         s.parse().unwrap()
@@ -324,28 +412,53 @@ mod tests {
         sets
     }
 
-    fn state(table: Option<NatTable>, chain: ForwardChain) -> FirewallState {
+    /// The v4 chain `chain` in the nft backend, legacy's as given.
+    fn state_with(
+        table: Option<NatTable>,
+        chain: ForwardChain,
+        legacy: [ForwardChain; 2],
+    ) -> FirewallState {
+        let backend = |chains| BackendCensus {
+            available: true,
+            chains,
+            ..Default::default()
+        };
         FirewallState {
             table,
-            forward: Some([chain, ForwardChain::default()]),
+            forward: Some([backend([chain, ForwardChain::default()]), backend(legacy)]),
             forward_drops: Vec::new(),
+        }
+    }
+
+    fn state(table: Option<NatTable>, chain: ForwardChain) -> FirewallState {
+        state_with(table, chain, Default::default())
+    }
+
+    fn write(family: Family, rules: Vec<String>, replace_jumps: Option<u32>) -> ForwardChange {
+        ForwardChange {
+            mode: NFT,
+            family,
+            op: ForwardOp::Write {
+                rules,
+                replace_jumps,
+            },
         }
     }
 
     #[test]
     fn nothing_is_made_without_pools_and_a_missing_table_is_created_whole() {
         let empty = state(None, ForwardChain::default());
-        assert!(plan(&PoolSets::default(), &empty).is_empty());
+        assert!(plan(&PoolSets::default(), &empty, NFT).is_empty());
         let wanted = sets(&["10.244.0.0/16"], &["10.244.0.0/16"]);
-        let changes = plan(&wanted, &empty);
+        let changes = plan(&wanted, &empty, NFT);
         assert_eq!(changes.table, [TableOp::Create(wanted.clone())]);
         assert_eq!(
             changes.forward,
-            [ForwardChange {
-                family: Family::V4,
-                rules: forward_rules(&[net("10.244.0.0/16")]),
-                replace_jumps: Some(0),
-            }]
+            [write(
+                Family::V4,
+                forward_rules(&[net("10.244.0.0/16")]),
+                Some(0)
+            )]
         );
     }
 
@@ -363,7 +476,7 @@ mod tests {
         };
         let actual = state(Some(table.clone()), chain);
         assert!(
-            plan(&table.sets, &actual).is_empty(),
+            plan(&table.sets, &actual, NFT).is_empty(),
             "a restart changes nothing"
         );
         let wanted = sets(&["10.244.0.0/16", "fd00:244::/48"], &["fd00:244::/48"]);
@@ -372,7 +485,7 @@ mod tests {
         let v6_all = PoolSet::new(Family::V6, false);
         let v6_masq = PoolSet::new(Family::V6, true);
         assert_eq!(
-            plan(&wanted, &actual).table,
+            plan(&wanted, &actual, NFT).table,
             [
                 TableOp::DeleteMasquerade {
                     family: Family::V4,
@@ -400,8 +513,54 @@ mod tests {
             jumps: 1,
             jump_first: false,
         };
-        let changes = plan(&wanted, &state(Some(tampered), chain));
+        let changes = plan(&wanted, &state(Some(tampered), chain), NFT);
         assert_eq!(changes.table, [TableOp::Create(wanted)]);
-        assert_eq!(changes.forward[0].replace_jumps, Some(1));
+        assert_eq!(
+            changes.forward,
+            [write(
+                Family::V4,
+                forward_rules(&[net("10.244.0.0/16")]),
+                Some(1)
+            )]
+        );
+    }
+
+    #[test]
+    fn a_move_writes_the_chain_in_use_first_then_takes_ours_out_of_the_other_backend() {
+        let wanted = sets(&["10.244.0.0/16"], &[]);
+        let table = NatTable {
+            intact: true,
+            sets: wanted.clone(),
+            masquerade_rules: [None, None],
+        };
+        let rules = forward_rules(&[net("10.244.0.0/16")]);
+        let legacy = [
+            ForwardChain {
+                rules: Some(rules.clone()),
+                jumps: 1,
+                jump_first: true,
+            },
+            // An empty chain of ours goes too.
+            ForwardChain {
+                rules: Some(Vec::new()),
+                ..Default::default()
+            },
+        ];
+        let actual = state_with(Some(table), ForwardChain::default(), legacy);
+        let changes = plan(&wanted, &actual, NFT);
+        assert!(changes.table.is_empty());
+        let remove = |family, jumps| ForwardChange {
+            mode: IptablesMode::Legacy,
+            family,
+            op: ForwardOp::Remove { jumps },
+        };
+        assert_eq!(
+            changes.forward,
+            [
+                write(Family::V4, rules, Some(0)),
+                remove(Family::V4, 1),
+                remove(Family::V6, 0)
+            ]
+        );
     }
 }

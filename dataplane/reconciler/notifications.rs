@@ -56,6 +56,10 @@ impl<B: KernelBackend> Reconciler<B> {
                 self.links_changed = true;
                 true
             }
+            Notification::Firewall => {
+                self.firewall.recheck();
+                true
+            }
             Notification::Overrun => {
                 warn!("kernel notifications were lost: resyncing");
                 self.resync_due = Some(now);

@@ -58,6 +58,11 @@ pub fn firewall_rules(status: &FirewallStatus) -> FirewallRules {
         forward_rules: forward.unwrap_or_else(|| "off".into()),
         foreign_forward_drops: status.forward_drops.clone(),
         error: status.error.clone().unwrap_or_default(),
+        iptables_backend: status
+            .forward
+            .and(status.mode)
+            .map(|m| m.name().to_string())
+            .unwrap_or_default(),
     }
 }
 

@@ -37,6 +37,21 @@ pub fn etcd_available(test: &str) -> bool {
     false
 }
 
+/// Whether `tool` (run as `tool version`) is there for a test that needs
+/// etcd; a failure without it under VXMGR_REQUIRE_ETCD=1.
+pub fn tool_available(test: &str, tool: &str) -> bool {
+    let found = Command::new(tool)
+        .arg("version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        super::require::skip(test, "ETCD", &format!("needs {tool}"));
+    }
+    found
+}
+
 /// Whether a flannel namespace test can run (root, etcd, and the CNI
 /// plugins that make its pods).
 pub fn can_run(test: &str) -> bool {

@@ -233,6 +233,54 @@ async fn our_deleted_lease_is_taken_again() {
     stop(agent).await;
 }
 
+/// The subnet file of the agent at `ip`, naming `subnet` as this node's.
+fn write_subnet_file(rig: &EtcdRig, ip: &str, subnet: &str) {
+    let text = format!(
+        "FLANNEL_NETWORK=10.50.0.0/16\nFLANNEL_SUBNET={subnet}\nFLANNEL_MTU=1450\nFLANNEL_IPMASQ=false\n"
+    );
+    std::fs::write(rig.subnet_file(&format!("{ip}.env")), text).unwrap();
+}
+
+#[tokio::test]
+async fn a_restart_after_the_lease_was_deleted_asks_for_the_subnet_file_subnet() {
+    let rig = EtcdRig::start().await;
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    // Beyond the first 100 free subnets: never a random choice.
+    write_subnet_file(&rig, "192.168.10.1", "10.50.200.1/24");
+    let agent = rig.agent("192.168.10.1");
+    assert_eq!(rig.until_leases(1).await, ["10.50.200.0-24"]);
+    agent.abort();
+    let _ = agent.await;
+    rig.registry.remove(&format!("{SUBNETS}10.50.200.0-24"));
+    let again = rig.agent("192.168.10.1");
+    assert_eq!(rig.until_leases(1).await, ["10.50.200.0-24"]);
+    again.abort();
+}
+
+#[tokio::test]
+async fn a_subnet_file_subnet_that_is_leased_or_outside_the_network_is_not_asked_for() {
+    let rig = EtcdRig::start().await;
+    rig.registry.set(CONFIG_KEY, CONFIG);
+    let (other, value) = remote(0);
+    rig.registry.set(&other, &value);
+    let other_subnet = remote_dst(0).replace("/28", "");
+    // Another node holds a /28 inside the /24 the file names.
+    write_subnet_file(&rig, "192.168.10.1", &format!("{other_subnet}/24"));
+    write_subnet_file(&rig, "192.168.10.2", "10.60.1.1/24");
+    let agents = [rig.agent("192.168.10.1"), rig.agent("192.168.10.2")];
+    let leases = rig.until_leases(3).await;
+    assert!(
+        leases
+            .iter()
+            .all(|k| k.starts_with("10.50.") && !k.starts_with("10.50.100.0-24")),
+        "{leases:?}"
+    );
+    assert_eq!(rig.registry.value(&other).as_deref(), Some(value.as_str()));
+    for agent in agents {
+        agent.abort();
+    }
+}
+
 #[tokio::test]
 async fn bad_leases_are_skipped_and_never_cost_a_good_route() {
     let rig = EtcdRig::start().await;

@@ -162,6 +162,28 @@ async fn a_restart_patches_nothing_when_the_annotations_are_right() {
 }
 
 #[tokio::test]
+async fn the_subnet_file_never_overrides_the_pod_cidr() {
+    let rig = KubeRig::start().await;
+    let subnet_file = rig.subnet_file("192.168.10.1.env");
+    std::fs::write(&subnet_file, "FLANNEL_SUBNET=10.244.87.1/24\n").unwrap();
+    rig.api
+        .put_node(test_node("node-1", &["10.244.1.0/24"], &[]));
+    let agent = rig.agent();
+    let state = rig
+        .until("the local VTEP", |s| {
+            s.ipv4.as_ref().is_some_and(|v| v.local_vtep.is_some())
+        })
+        .await;
+    assert_eq!(
+        state.ipv4.unwrap().local_vtep.unwrap().tunnel_address,
+        "10.244.1.0"
+    );
+    let env = std::fs::read_to_string(&subnet_file).unwrap();
+    assert!(env.contains("FLANNEL_SUBNET=10.244.1.1/24\n"), "{env}");
+    agent.abort();
+}
+
+#[tokio::test]
 async fn the_node_waits_for_its_pod_cidr_and_refuses_one_outside_the_network() {
     let rig = KubeRig::start().await;
     rig.api.put_node(test_node("node-1", &[], &[]));

@@ -41,6 +41,7 @@ impl Rig {
             batch_interval: Duration::from_millis(2),
             heartbeat_interval: Duration::from_secs(3600),
             device_check_interval: Duration::from_secs(3600),
+            legacy_poll_interval: None,
             contest_window: vxmgr::reconciler::CONTEST_WINDOW,
             response_buffer: vxmgr::server::RESPONSE_BUFFER,
             nexthops: NexthopMode::On,

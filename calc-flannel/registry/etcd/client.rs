@@ -1,19 +1,24 @@
 //! The registry on a real etcd (v3 API over gRPC): plain or TLS endpoints,
-//! several at once, username/password authentication.
+//! several at once, username/password authentication. As etcd's own
+//! clients do, it talks to one endpoint at a time and moves to the next
+//! when that one stops answering (down, cut off, or without a leader).
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Mutex, mpsc};
 use tokio_stream::StreamExt;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use tonic::{Code, Request, Status};
+use tracing::warn;
 use vxmgr::wire::etcd::{
     AuthenticateRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest,
-    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
-    auth_client::AuthClient, compare, event::EventType, kv_client::KvClient,
-    lease_client::LeaseClient, request_op, watch_client::WatchClient, watch_request,
+    PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchProgressRequest,
+    WatchRequest, WatchResponse, auth_client::AuthClient, compare, event::EventType,
+    kv_client::KvClient, lease_client::LeaseClient, request_op, watch_client::WatchClient,
+    watch_request,
 };
 
 use super::kv::{EtcdError, Event, KeyValue, Kv, Listing, Watch, WatchMessage};
@@ -47,12 +52,21 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Keys per page when listing, so a large network never needs one huge
 /// response.
 const PAGE: i64 = 2000;
+/// How long a watch may be silent before a progress request asks its
+/// member whether it is still there, and how long the member has to
+/// answer. A member cut off from us answers nothing, and HTTP/2 pings
+/// cannot find that out sooner: etcd refuses pings closer than 5 s apart.
+const WATCH_SILENCE: Duration = Duration::from_secs(2);
+const PROGRESS_ANSWER: Duration = Duration::from_secs(2);
 /// Largest response accepted (a page of leases, a large watch response).
 const MAX_RESPONSE_BYTES: usize = 64 << 20;
 
 #[derive(Clone)]
 pub struct Etcd {
-    channel: Channel,
+    /// One channel per endpoint, with its URL.
+    endpoints: Arc<[(String, Channel)]>,
+    /// The endpoint in use.
+    current: Arc<AtomicUsize>,
     credentials: Option<(String, String)>,
     /// The auth token, once authenticated; dropped when etcd refuses it.
     token: Arc<Mutex<Option<String>>>,
@@ -108,7 +122,7 @@ impl Etcd {
                 }
                 _ => return Err(bad("must start with http:// or https://".into())),
             }
-            endpoints.push(endpoint);
+            endpoints.push((url.clone(), endpoint.connect_lazy()));
         }
         if endpoints.is_empty() {
             return Err(EtcdSetupError::Options("no etcd endpoint given".into()));
@@ -123,23 +137,64 @@ impl Etcd {
             (None, None) => None,
         };
         Ok(Etcd {
-            channel: Channel::balance_list(endpoints.into_iter()),
+            endpoints: endpoints.into(),
+            current: Arc::new(AtomicUsize::new(0)),
             credentials,
             token: Arc::new(Mutex::new(None)),
         })
     }
 
-    fn kv(&self) -> KvClient<Channel> {
-        KvClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    /// Runs `op` on the endpoint in use; when that endpoint does not
+    /// answer, on the next ones, each once. The error is the last one.
+    async fn on_endpoint<T, F: Future<Output = Result<T, EtcdError>>>(
+        &self,
+        op: impl Fn(Channel) -> F,
+    ) -> Result<T, EtcdError> {
+        let mut error = None;
+        for _ in 0..self.endpoints.len() {
+            let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+            let (url, channel) = &self.endpoints[index];
+            match op(channel.clone()).await {
+                Err(EtcdError::Unavailable(why)) => {
+                    self.next_endpoint(index, &why);
+                    error = Some(EtcdError::Unavailable(format!("{url}: {why}")));
+                }
+                Err(e) => return Err(self.failed(e).await),
+                Ok(value) => return Ok(value),
+            }
+        }
+        Err(error.expect("at least one endpoint"))
     }
 
-    fn lease(&self) -> LeaseClient<Channel> {
-        LeaseClient::new(self.channel.clone())
+    /// Moves on from endpoint `index`, unless another call already has.
+    fn next_endpoint(&self, index: usize, why: &str) {
+        let next = (index + 1) % self.endpoints.len();
+        if next != index
+            && self
+                .current
+                .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            warn!(
+                endpoint = %self.endpoints[index].0,
+                next = %self.endpoints[next].0,
+                error = %why,
+                "etcd endpoint not answering: moving to the next"
+            );
+        }
+    }
+
+    fn kv(channel: &Channel) -> KvClient<Channel> {
+        KvClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    fn lease(channel: &Channel) -> LeaseClient<Channel> {
+        LeaseClient::new(channel.clone())
     }
 
     /// `message` as a request carrying the auth token (authenticating
-    /// first when there is none yet).
-    async fn request<T>(&self, message: T) -> Result<Request<T>, EtcdError> {
+    /// first on `channel` when there is none yet).
+    async fn request<T>(&self, channel: &Channel, message: T) -> Result<Request<T>, EtcdError> {
         let mut request = Request::new(message);
         let Some((name, password)) = &self.credentials else {
             return Ok(request);
@@ -150,7 +205,7 @@ impl Etcd {
                 name: name.clone(),
                 password: password.clone(),
             };
-            let response = call(AuthClient::new(self.channel.clone()).authenticate(auth)).await?;
+            let response = call(AuthClient::new(channel.clone()).authenticate(auth)).await?;
             *token = Some(response.token);
         }
         let value =
@@ -169,14 +224,17 @@ impl Etcd {
         error
     }
 
-    async fn grant(&self, ttl: Duration) -> Result<i64, EtcdError> {
+    async fn grant(&self, channel: &Channel, ttl: Duration) -> Result<i64, EtcdError> {
         let request = self
-            .request(LeaseGrantRequest {
-                ttl: ttl.as_secs().max(1) as i64,
-                id: 0,
-            })
+            .request(
+                channel,
+                LeaseGrantRequest {
+                    ttl: ttl.as_secs().max(1) as i64,
+                    id: 0,
+                },
+            )
             .await?;
-        let response = call(self.lease().lease_grant(request)).await?;
+        let response = call(Etcd::lease(channel).lease_grant(request)).await?;
         if !response.error.is_empty() {
             return Err(EtcdError::Refused(response.error));
         }
@@ -184,24 +242,119 @@ impl Etcd {
     }
 
     /// Best effort: an unused etcd lease expires by itself anyway.
-    async fn revoke(&self, id: i64) {
-        if let Ok(request) = self.request(LeaseRevokeRequest { id }).await {
-            let _ = call(self.lease().lease_revoke(request)).await;
+    async fn revoke(&self, channel: &Channel, id: i64) {
+        if let Ok(request) = self.request(channel, LeaseRevokeRequest { id }).await {
+            let _ = call(Etcd::lease(channel).lease_revoke(request)).await;
         }
     }
 
-    async fn with_lease<T>(
+    /// `write` with a new etcd lease of `ttl`, on one endpoint; the lease
+    /// is revoked unless `done` says the write used it.
+    async fn with_lease<T, F: Future<Output = Result<T, EtcdError>>>(
         &self,
         ttl: Duration,
-        write: impl AsyncFnOnce(i64) -> Result<T, EtcdError>,
+        write: impl Fn(Channel, i64) -> F,
         done: impl Fn(&T) -> bool,
     ) -> Result<T, EtcdError> {
-        let id = self.grant(ttl).await?;
-        let result = write(id).await;
-        if !result.as_ref().is_ok_and(done) {
-            self.revoke(id).await;
+        let (write, done) = (&write, &done);
+        self.on_endpoint(|channel| async move {
+            let id = self.grant(&channel, ttl).await?;
+            let result = write(channel.clone(), id).await;
+            if !result.as_ref().is_ok_and(done) {
+                self.revoke(&channel, id).await;
+            }
+            result
+        })
+        .await
+    }
+}
+
+impl Etcd {
+    /// A watch of every key under `prefix` from `revision` on, on
+    /// `channel`: its responses, and the request side, which must stay
+    /// open while the watch lives (etcd ends a watch its client closes).
+    async fn open_watch(
+        &self,
+        channel: &Channel,
+        prefix: &str,
+        revision: i64,
+    ) -> Result<(tonic::Streaming<WatchResponse>, mpsc::Sender<WatchRequest>), EtcdError> {
+        let create = WatchRequest {
+            request_union: Some(watch_request::RequestUnion::CreateRequest(
+                WatchCreateRequest {
+                    key: prefix.as_bytes().to_vec(),
+                    range_end: prefix_end(prefix),
+                    start_revision: revision,
+                    progress_notify: true,
+                    prev_kv: false,
+                },
+            )),
+        };
+        let (requests_tx, requests_rx) = mpsc::channel(1);
+        requests_tx
+            .send(create)
+            .await
+            .expect("the receiver is right here");
+        let mut request = self
+            .request(
+                channel,
+                tokio_stream::wrappers::ReceiverStream::new(requests_rx),
+            )
+            .await?;
+        // Fail the watch when its member loses the cluster's leader, as
+        // etcd's own clients ask, instead of waiting on a partitioned one.
+        request
+            .metadata_mut()
+            .insert("hasleader", "true".parse().expect("ASCII"));
+        let client =
+            WatchClient::new(channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES);
+        match tokio::time::timeout(CALL_TIMEOUT, { client }.watch(request)).await {
+            Ok(Ok(response)) => Ok((response.into_inner(), requests_tx)),
+            Ok(Err(status)) => Err(status_error(&status)),
+            Err(_) => Err(EtcdError::Unavailable("no answer to the watch".into())),
         }
-        result
+    }
+}
+
+/// Whether a watch's member still answers: after [`WATCH_SILENCE`]
+/// without a response the watch asks for progress, and a member that has
+/// answered such a request before but not this one within
+/// [`PROGRESS_ANSWER`] is taken as gone. (Before etcd 3.4 members ignore
+/// progress requests; there only the HTTP/2 keepalive finds a dead one.)
+#[derive(Default)]
+struct Liveness {
+    asked: bool,
+    answers_progress: bool,
+}
+
+impl Liveness {
+    fn wait(&self) -> Duration {
+        if self.asked {
+            PROGRESS_ANSWER
+        } else {
+            WATCH_SILENCE
+        }
+    }
+
+    fn answered(&mut self) {
+        self.answers_progress |= self.asked;
+        self.asked = false;
+    }
+
+    /// The watch was silent for [`Liveness::wait`]: true when its member
+    /// is to be given up, else a progress request is sent (if one fits).
+    fn silent(&mut self, requests: &mpsc::Sender<WatchRequest>) -> bool {
+        if self.asked && self.answers_progress {
+            return true;
+        }
+        self.asked = requests
+            .try_send(WatchRequest {
+                request_union: Some(watch_request::RequestUnion::ProgressRequest(
+                    WatchProgressRequest {},
+                )),
+            })
+            .is_ok();
+        false
     }
 }
 
@@ -250,6 +403,15 @@ fn prefix_end(prefix: &str) -> Vec<u8> {
     vec![0]
 }
 
+/// Writes `key`, bound to etcd lease `lease`.
+fn put_request(key: &str, value: &str, lease: i64) -> PutRequest {
+    PutRequest {
+        key: key.as_bytes().to_vec(),
+        value: value.as_bytes().to_vec(),
+        lease,
+    }
+}
+
 fn key_value(kv: vxmgr::wire::etcd::KeyValue) -> KeyValue {
     KeyValue {
         key: String::from_utf8_lossy(&kv.key).into_owned(),
@@ -259,49 +421,48 @@ fn key_value(kv: vxmgr::wire::etcd::KeyValue) -> KeyValue {
 
 impl Kv for Etcd {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>, EtcdError> {
-        let request = self
-            .request(RangeRequest {
+        self.on_endpoint(|channel| async move {
+            let request = RangeRequest {
                 key: key.as_bytes().to_vec(),
                 ..Default::default()
-            })
-            .await?;
-        match call(self.kv().range(request)).await {
-            Ok(response) => Ok(response.kvs.into_iter().next().map(key_value)),
-            Err(e) => Err(self.failed(e).await),
-        }
+            };
+            let request = self.request(&channel, request).await?;
+            let response = call(Etcd::kv(&channel).range(request)).await?;
+            Ok(response.kvs.into_iter().next().map(key_value))
+        })
+        .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Listing, EtcdError> {
-        let end = prefix_end(prefix);
-        let mut listing = Listing::default();
-        let mut from = prefix.as_bytes().to_vec();
-        loop {
-            // Every page as of the first one's revision.
-            let request = self
-                .request(RangeRequest {
+        let end = &prefix_end(prefix);
+        self.on_endpoint(|channel| async move {
+            let mut listing = Listing::default();
+            let mut from = prefix.as_bytes().to_vec();
+            loop {
+                // Every page as of the first one's revision.
+                let request = RangeRequest {
                     key: from.clone(),
                     range_end: end.clone(),
                     limit: PAGE,
                     revision: listing.revision,
-                })
-                .await?;
-            let response = match call(self.kv().range(request)).await {
-                Ok(response) => response,
-                Err(e) => return Err(self.failed(e).await),
-            };
-            if listing.revision == 0 {
-                listing.revision = response.header.map_or(0, |h| h.revision);
+                };
+                let request = self.request(&channel, request).await?;
+                let response = call(Etcd::kv(&channel).range(request)).await?;
+                if listing.revision == 0 {
+                    listing.revision = response.header.map_or(0, |h| h.revision);
+                }
+                let Some(last) = response.kvs.last() else {
+                    return Ok(listing);
+                };
+                from = last.key.clone();
+                from.push(0);
+                listing.kvs.extend(response.kvs.into_iter().map(key_value));
+                if !response.more {
+                    return Ok(listing);
+                }
             }
-            let Some(last) = response.kvs.last() else {
-                return Ok(listing);
-            };
-            from = last.key.clone();
-            from.push(0);
-            listing.kvs.extend(response.kvs.into_iter().map(key_value));
-            if !response.more {
-                return Ok(listing);
-            }
-        }
+        })
+        .await
     }
 
     async fn create(
@@ -311,117 +472,92 @@ impl Kv for Etcd {
         value: &str,
         ttl: Duration,
     ) -> Result<bool, EtcdError> {
-        let created = self
-            .with_lease(
-                ttl,
-                async |lease| {
-                    let put = PutRequest {
-                        key: key.as_bytes().to_vec(),
-                        value: value.as_bytes().to_vec(),
-                        lease,
-                    };
-                    let txn = TxnRequest {
-                        // Over a range, etcd compares every key in it, and
-                        // an empty range as a key of version 0.
-                        compare: vec![Compare {
-                            result: compare::CompareResult::Equal as i32,
-                            target: compare::CompareTarget::Version as i32,
-                            key: guard.as_bytes().to_vec(),
-                            target_union: Some(compare::TargetUnion::Version(0)),
-                            range_end: prefix_end(guard),
-                        }],
-                        success: vec![RequestOp {
-                            request: Some(request_op::Request::RequestPut(put)),
-                        }],
-                        failure: Vec::new(),
-                    };
-                    let request = self.request(txn).await?;
-                    Ok(call(self.kv().txn(request)).await?.succeeded)
-                },
-                |created| *created,
-            )
-            .await;
-        match created {
-            Ok(created) => Ok(created),
-            Err(e) => Err(self.failed(e).await),
-        }
+        self.with_lease(
+            ttl,
+            |channel, lease| async move {
+                let put = put_request(key, value, lease);
+                let txn = TxnRequest {
+                    // Over a range, etcd compares every key in it, and
+                    // an empty range as a key of version 0.
+                    compare: vec![Compare {
+                        result: compare::CompareResult::Equal as i32,
+                        target: compare::CompareTarget::Version as i32,
+                        key: guard.as_bytes().to_vec(),
+                        target_union: Some(compare::TargetUnion::Version(0)),
+                        range_end: prefix_end(guard),
+                    }],
+                    success: vec![RequestOp {
+                        request: Some(request_op::Request::RequestPut(put)),
+                    }],
+                    failure: Vec::new(),
+                };
+                let request = self.request(&channel, txn).await?;
+                Ok(call(Etcd::kv(&channel).txn(request)).await?.succeeded)
+            },
+            |created| *created,
+        )
+        .await
     }
 
     async fn put(&self, key: &str, value: &str, ttl: Duration) -> Result<(), EtcdError> {
-        let put = self
-            .with_lease(
-                ttl,
-                async |lease| {
-                    let request = self
-                        .request(PutRequest {
-                            key: key.as_bytes().to_vec(),
-                            value: value.as_bytes().to_vec(),
-                            lease,
-                        })
-                        .await?;
-                    call(self.kv().put(request)).await.map(|_| ())
-                },
-                |_| true,
-            )
-            .await;
-        match put {
-            Ok(()) => Ok(()),
-            Err(e) => Err(self.failed(e).await),
-        }
+        self.with_lease(
+            ttl,
+            |channel, lease| async move {
+                let put = put_request(key, value, lease);
+                let request = self.request(&channel, put).await?;
+                call(Etcd::kv(&channel).put(request)).await.map(|_| ())
+            },
+            |_| true,
+        )
+        .await
     }
 
     async fn delete(&self, key: &str) -> Result<(), EtcdError> {
-        let request = self
-            .request(DeleteRangeRequest {
+        self.on_endpoint(|channel| async move {
+            let delete = DeleteRangeRequest {
                 key: key.as_bytes().to_vec(),
                 range_end: Vec::new(),
-            })
-            .await?;
-        match call(self.kv().delete_range(request)).await {
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.failed(e).await),
-        }
+            };
+            let request = self.request(&channel, delete).await?;
+            call(Etcd::kv(&channel).delete_range(request))
+                .await
+                .map(|_| ())
+        })
+        .await
     }
 
     async fn watch(&self, prefix: &str, revision: i64) -> Result<Watch, EtcdError> {
-        let create = WatchRequest {
-            request_union: Some(watch_request::RequestUnion::CreateRequest(
-                WatchCreateRequest {
-                    key: prefix.as_bytes().to_vec(),
-                    range_end: prefix_end(prefix),
-                    start_revision: revision,
-                    progress_notify: true,
-                    prev_kv: false,
-                },
-            )),
-        };
-        // The request side stays open while the watch lives: etcd ends a
-        // watch whose client closes it.
-        let (requests_tx, requests_rx) = mpsc::channel(1);
-        requests_tx
-            .send(create)
-            .await
-            .expect("the receiver is right here");
-        let mut request = self
-            .request(tokio_stream::wrappers::ReceiverStream::new(requests_rx))
+        let (mut responses, keep_open) = self
+            .on_endpoint(|channel| async move { self.open_watch(&channel, prefix, revision).await })
             .await?;
-        // Fail the watch when its member loses the cluster's leader, as
-        // etcd's own clients ask, instead of waiting on a partitioned one.
-        request
-            .metadata_mut()
-            .insert("hasleader", "true".parse().expect("ASCII"));
-        let client =
-            WatchClient::new(self.channel.clone()).max_decoding_message_size(MAX_RESPONSE_BYTES);
-        let mut responses =
-            match tokio::time::timeout(CALL_TIMEOUT, { client }.watch(request)).await {
-                Ok(Ok(response)) => response.into_inner(),
-                Ok(Err(status)) => return Err(self.failed(status_error(&status)).await),
-                Err(_) => return Err(EtcdError::Unavailable("no answer to the watch".into())),
-            };
+        // A watch that breaks for want of an answer moves the next calls
+        // to another endpoint too, as they would find it as dead.
+        let index = self.current.load(Ordering::Relaxed) % self.endpoints.len();
+        let etcd = self.clone();
+        let give_up = move |why: &str| etcd.next_endpoint(index, why);
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
-            let _keep_open = requests_tx;
-            while let Some(response) = responses.next().await {
+            let mut liveness = Liveness::default();
+            loop {
+                let response = match tokio::time::timeout(liveness.wait(), responses.next()).await {
+                    Ok(Some(response)) => {
+                        liveness.answered();
+                        response
+                    }
+                    Ok(None) => break,
+                    Err(_) => {
+                        if liveness.silent(&keep_open) {
+                            let why = format!(
+                                "no answer to a progress request within {}s",
+                                PROGRESS_ANSWER.as_secs()
+                            );
+                            give_up(&why);
+                            let _ = tx.send(Err(EtcdError::Unavailable(why))).await;
+                            return;
+                        }
+                        continue;
+                    }
+                };
                 let message = match response {
                     Err(status) => Err(status_error(&status)),
                     Ok(r) if r.compact_revision > 0 => Ok(WatchMessage::Compacted {
@@ -451,13 +587,16 @@ impl Kv for Etcd {
                 };
                 let last =
                     message.is_err() || matches!(message, Ok(WatchMessage::Compacted { .. }));
+                if let Err(EtcdError::Unavailable(why)) = &message {
+                    give_up(why);
+                }
                 if tx.send(message).await.is_err() || last {
                     return;
                 }
             }
-            let _ = tx
-                .send(Err(EtcdError::Unavailable("the watch stream ended".into())))
-                .await;
+            let why = "the watch stream ended";
+            give_up(why);
+            let _ = tx.send(Err(EtcdError::Unavailable(why.into()))).await;
         });
         Ok(rx)
     }
@@ -474,6 +613,30 @@ mod tests {
             b"/coreos.com/network/subnets0"
         );
         assert_eq!(prefix_end("a"), b"b");
+    }
+
+    #[test]
+    fn a_silent_watch_is_given_up_only_by_a_member_that_answers_progress_requests() {
+        let (requests, mut sent) = mpsc::channel(1);
+        let mut liveness = Liveness::default();
+        assert_eq!(liveness.wait(), WATCH_SILENCE);
+        assert!(!liveness.silent(&requests), "the first silence only asks");
+        assert!(matches!(
+            sent.try_recv().expect("a progress request").request_union,
+            Some(watch_request::RequestUnion::ProgressRequest(_))
+        ));
+        assert_eq!(liveness.wait(), PROGRESS_ANSWER);
+        assert!(
+            !liveness.silent(&requests),
+            "a member never seen answering one may predate progress requests"
+        );
+        sent.try_recv().expect("asked again");
+        liveness.answered();
+        assert!(!liveness.silent(&requests));
+        assert!(
+            liveness.silent(&requests),
+            "asked, answered before, silent now"
+        );
     }
 
     #[test]

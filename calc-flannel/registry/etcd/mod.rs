@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 use self::kv::{EtcdError, Event, KeyValue, Kv, Watch, WatchMessage};
 use super::{LeaseChange, SubnetManager};
-use crate::allocate;
+use crate::allocate::{self, Previous};
 use crate::backoff::{Backoff, Condition, retry};
 use crate::lease::{Lease, LeaseAttrs};
 use crate::network::NetworkConfig;
@@ -165,14 +165,15 @@ impl<K: Kv> EtcdSubnetManager<K> {
     }
 
     /// Holds a lease: this node's own (same PublicIP) if there is one that
-    /// fits the config, else `prefer` when it is free, else a free subnet
-    /// at random, created only if nobody has it. Returns it with the
-    /// listing it was chosen on, which is older than the lease's write.
+    /// fits the config, else the `previous` subnets when they fit and are
+    /// free, else a free subnet at random, created only if nobody has it.
+    /// Returns it with the listing it was chosen on, which is older than
+    /// the lease's write.
     async fn acquire_lease(
         &self,
         config: &NetworkConfig,
         attrs: &LeaseAttrs,
-        prefer: Option<SubnetKey>,
+        previous: Previous,
     ) -> (Lease, Listed) {
         let mut backoff = Backoff::retries();
         let mut condition = Condition::new("acquiring a lease");
@@ -202,7 +203,18 @@ impl<K: Kv> EtcdSubnetManager<K> {
                     .map(|l| l.key)
                     .chain(listed.unreadable.iter().copied())
                     .collect();
-                let key = match prefer.filter(|k| fits(k) && !taken.contains(k)) {
+                let reused = match allocate::reuse(config, previous, &taken) {
+                    _ if previous.is_empty() => None,
+                    Ok(key) => {
+                        info!(lease = %key, "asking for the subnet this node had before");
+                        Some(key)
+                    }
+                    Err(reason) => {
+                        warn!(subnet = %previous, %reason, "not asking for the subnet this node had before: allocating another");
+                        None
+                    }
+                };
+                let key = match reused {
                     Some(key) => key,
                     None => allocate::choose(config, &taken, &mut random_index)
                         .map_err(|e| EtcdError::Refused(e.to_string()))?,
@@ -248,7 +260,7 @@ impl<K: Kv> EtcdSubnetManager<K> {
         let held = self.held();
         let before = held.key;
         let (lease, _) = self
-            .acquire_lease(&held.config, &held.attrs, Some(before))
+            .acquire_lease(&held.config, &held.attrs, before.into())
             .await;
         if lease.key != before {
             warn!(before = %before, now = %lease.key, "this node has another subnet now: pods of the old one lose their routes");
@@ -365,8 +377,13 @@ impl<K: Kv> SubnetManager for EtcdSubnetManager<K> {
 
     /// The listing the lease was acquired on is the start: the watch from
     /// it brings this node's own write, and everything else since.
-    async fn acquire(&mut self, config: &NetworkConfig, attrs: LeaseAttrs) -> (Lease, LeaseChange) {
-        let (lease, listed) = self.acquire_lease(config, &attrs, None).await;
+    async fn acquire(
+        &mut self,
+        config: &NetworkConfig,
+        attrs: LeaseAttrs,
+        previous: Previous,
+    ) -> (Lease, LeaseChange) {
+        let (lease, listed) = self.acquire_lease(config, &attrs, previous).await;
         self.held = Some(Held {
             config: config.clone(),
             attrs,

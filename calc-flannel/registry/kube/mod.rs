@@ -23,6 +23,7 @@ use tracing::{debug, info, warn};
 use self::api::{ApiError, NodeApi, NodeEvents};
 use self::node::{AnnotationNames, NodeLease, PodCidrs};
 use super::{LeaseChange, SubnetManager};
+use crate::allocate::Previous;
 use crate::backoff::{Condition, retry};
 use crate::lease::{Lease, LeaseAttrs};
 use crate::network::NetworkConfig;
@@ -227,8 +228,14 @@ impl<A: NodeApi> SubnetManager for KubeSubnetManager<A> {
     }
 
     /// Waits for the Node's podCIDR, annotates the Node, then lists every
-    /// Node (the watch's first listing).
-    async fn acquire(&mut self, config: &NetworkConfig, attrs: LeaseAttrs) -> (Lease, LeaseChange) {
+    /// Node (the watch's first listing). The subnet is the podCIDR, never
+    /// one this node had before.
+    async fn acquire(
+        &mut self,
+        config: &NetworkConfig,
+        attrs: LeaseAttrs,
+        _previous: Previous,
+    ) -> (Lease, LeaseChange) {
         self.config = Some(config.clone());
         self.node = self.node_name().await;
         let (api, names, node, attrs) = (&self.api, &self.options.annotations, &self.node, &attrs);

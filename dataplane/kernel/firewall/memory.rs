@@ -2,8 +2,11 @@
 //! would leave them, with their refusals (no table, no such element or
 //! rule), every apply recorded, and the faults and drift tests need.
 
+use std::hash::{DefaultHasher, Hash, Hasher};
+
 use super::{
-    FirewallChanges, FirewallError, FirewallState, ForwardChain, IptablesBackend, NatTable, TableOp,
+    BackendCensus, FirewallChanges, FirewallError, FirewallState, ForwardChain, ForwardOp,
+    IptablesMode, NatTable, TableOp,
 };
 use crate::model::Family;
 
@@ -12,11 +15,11 @@ fn missing(what: String) -> FirewallError {
     FirewallError(format!("nft: {what}: No such file or directory"))
 }
 
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct FirewallModel {
     pub table: Option<NatTable>,
-    /// Each family's forward chain and the jumps to it.
-    pub forward: [ForwardChain; 2],
+    /// Each iptables backend (by `IptablesMode`): both installed, empty.
+    pub iptables: [BackendCensus; 2],
     /// Other tables' forward chains with a drop policy.
     pub forward_drops: Vec<String>,
     /// Applies that succeeded, and the last of them (a count, not a log:
@@ -30,18 +33,47 @@ pub struct FirewallModel {
     next_handle: u64,
 }
 
+impl Default for FirewallModel {
+    fn default() -> Self {
+        let installed = BackendCensus {
+            available: true,
+            ..Default::default()
+        };
+        FirewallModel {
+            table: None,
+            iptables: [installed.clone(), installed],
+            forward_drops: Vec::new(),
+            applies: 0,
+            last_apply: None,
+            reads: 0,
+            nft_missing: false,
+            next_handle: 0,
+        }
+    }
+}
+
 impl FirewallModel {
-    pub fn read(
-        &mut self,
-        forward: Option<IptablesBackend>,
-    ) -> Result<FirewallState, FirewallError> {
+    pub fn read(&mut self, forward: bool) -> Result<FirewallState, FirewallError> {
         self.reads += 1;
         self.check_nft()?;
         Ok(FirewallState {
             table: self.table.clone(),
-            forward: forward.map(|_| self.forward.clone()),
+            forward: forward.then(|| self.iptables.clone()),
             forward_drops: self.forward_drops.clone(),
         })
+    }
+
+    /// One backend's forward chains.
+    pub fn forward(&self, mode: IptablesMode) -> &[ForwardChain; 2] {
+        &self.iptables[mode as usize].chains
+    }
+
+    /// As the real digest: it changes with the legacy backend's rules and
+    /// policies.
+    pub fn legacy_filter_digest(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.iptables[IptablesMode::Legacy as usize].hash(&mut hasher);
+        hasher.finish()
     }
 
     /// All or nothing, as one nft transaction.
@@ -52,11 +84,26 @@ impl FirewallModel {
             next.apply_table_op(op)?;
         }
         for change in &changes.forward {
-            let chain = &mut next.forward[change.family as usize];
-            chain.rules = Some(change.rules.clone());
-            if change.replace_jumps.is_some() {
-                chain.jumps = 1;
-                chain.jump_first = true;
+            let backend = &mut next.iptables[change.mode as usize];
+            if !backend.available {
+                return Err(FirewallError(format!(
+                    "iptables-{}-restore: not installed",
+                    change.mode
+                )));
+            }
+            let chain = &mut backend.chains[change.family as usize];
+            match &change.op {
+                ForwardOp::Write {
+                    rules,
+                    replace_jumps,
+                } => {
+                    chain.rules = Some(rules.clone());
+                    if replace_jumps.is_some() {
+                        chain.jumps = 1;
+                        chain.jump_first = true;
+                    }
+                }
+                ForwardOp::Remove { .. } => *chain = ForwardChain::default(),
             }
         }
         next.applies += 1;

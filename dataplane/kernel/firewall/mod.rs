@@ -6,6 +6,7 @@
 //! implementations: the `nft` and `iptables-restore` binaries, and a model
 //! in memory for kernel-free tests and `--kernel memory`.
 
+pub mod detect;
 mod iptables;
 pub mod memory;
 mod nft;
@@ -17,6 +18,7 @@ use ipnetwork::IpNetwork;
 
 use crate::model::Family;
 
+pub use detect::{BackendCensus, IptablesMode};
 pub use iptables::IptablesBackend;
 pub use nft::NftFirewall;
 
@@ -98,7 +100,7 @@ pub struct NatTable {
 }
 
 /// One family's forward chain as read.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ForwardChain {
     /// The chain's rules as `iptables-save` prints them; `None`: no chain.
     pub rules: Option<Vec<String>>,
@@ -120,8 +122,9 @@ impl ForwardChain {
 pub struct FirewallState {
     /// `None`: no table.
     pub table: Option<NatTable>,
-    /// Each family's forward chain; `None` when forwarding rules are off.
-    pub forward: Option<[ForwardChain; 2]>,
+    /// Each iptables backend (by `IptablesMode`) with vxmgr's forward
+    /// chains in it; `None` when forwarding rules are off.
+    pub forward: Option<[BackendCensus; 2]>,
     /// Base chains of other nftables tables on the forward hook whose
     /// policy is drop ("inet filter forward"): nobody can override those.
     pub forward_drops: Vec<String>,
@@ -142,19 +145,31 @@ pub enum TableOp {
     },
 }
 
-/// A forward chain rewritten: its rules, and the jump put back at the top
-/// of `FORWARD` when it is not in place.
+/// A change to one family's forward chain in one iptables backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForwardChange {
+    pub mode: IptablesMode,
     pub family: Family,
-    pub rules: Vec<String>,
-    /// Jumps to delete (all there are) before one is inserted at the top;
-    /// `None`: the jump is in place.
-    pub replace_jumps: Option<u32>,
+    pub op: ForwardOp,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ForwardOp {
+    /// The chain rewritten with these rules, and the jump put back at the
+    /// top of `FORWARD` when it is not in place.
+    Write {
+        rules: Vec<String>,
+        /// Jumps to delete (all there are) before one is inserted at the
+        /// top; `None`: the jump is in place.
+        replace_jumps: Option<u32>,
+    },
+    /// The jumps (this many) and the chain go: the backend is not in use.
+    Remove { jumps: u32 },
 }
 
 /// What one apply changes: the table in one nftables transaction, each
-/// family's forward chain in one `iptables-restore`.
+/// family's forward chain in one `iptables-restore` per backend (the
+/// backend in use first: a move never leaves a gap).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FirewallChanges {
     pub table: Vec<TableOp>,
@@ -189,11 +204,16 @@ pub struct FirewallError(pub String);
 /// What vxmgr needs of a firewall.
 pub trait Firewall: Send + 'static {
     /// Reads vxmgr's table, other tables' forward drop policies, and, with
-    /// an iptables backend (forwarding rules on), the forward chains.
+    /// `forward` (forwarding rules on), both iptables backends.
     fn read(
         &mut self,
-        forward: Option<IptablesBackend>,
+        forward: bool,
     ) -> impl Future<Output = Result<FirewallState, FirewallError>> + Send;
+
+    /// A digest of the legacy iptables backend's filter tables: it changes
+    /// when their rules or policies do, and is cheap enough to poll (legacy
+    /// iptables sends no notification). 0: no legacy filter table.
+    fn legacy_filter_digest(&mut self) -> impl Future<Output = u64> + Send;
 
     /// Applies the table's changes in one transaction, then each forward
     /// chain's. Nothing of the table changes when its transaction fails.

@@ -17,7 +17,7 @@ use nftables::schema::{
 use nftables::stmt::{Match, Operator, Statement};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook};
 
-use super::iptables::{Iptables, IptablesBackend};
+use super::iptables;
 use super::{
     FirewallChanges, FirewallError, FirewallState, NAT_CHAIN, NatTable, PoolSet, TABLE, TableOp,
 };
@@ -28,21 +28,16 @@ const SRCNAT: i32 = 100;
 
 /// The `nft` and `iptables-restore` binaries, found on the `PATH`.
 #[derive(Default)]
-pub struct NftFirewall {
-    iptables: Iptables,
-}
+pub struct NftFirewall;
 
 impl NftFirewall {
     pub fn new() -> NftFirewall {
-        NftFirewall::default()
+        NftFirewall
     }
 }
 
 impl super::Firewall for NftFirewall {
-    async fn read(
-        &mut self,
-        forward: Option<IptablesBackend>,
-    ) -> Result<FirewallState, FirewallError> {
+    async fn read(&mut self, forward: bool) -> Result<FirewallState, FirewallError> {
         let table = match nft(&["list", "table", "inet", TABLE]).await {
             Ok(ruleset) => Some(parse_table(&ruleset)),
             Err(NftablesError::NftFailed { stderr, .. })
@@ -56,8 +51,8 @@ impl super::Firewall for NftFirewall {
             .await
             .map_err(|e| nft_error("listing chains", e))?;
         let forward = match forward {
-            Some(backend) => Some(self.iptables.read(backend).await?),
-            None => None,
+            true => Some(iptables::censuses().await),
+            false => None,
         };
         Ok(FirewallState {
             table,
@@ -75,9 +70,13 @@ impl super::Firewall for NftFirewall {
                 .map_err(|e| nft_error("changing table inet vxmgr", e))?;
         }
         for change in &changes.forward {
-            self.iptables.apply(change).await?;
+            iptables::apply(change).await?;
         }
         Ok(())
+    }
+
+    async fn legacy_filter_digest(&mut self) -> u64 {
+        iptables::legacy_filter_digest().await
     }
 }
 

@@ -19,6 +19,7 @@ mod ipset_spec;
 mod link;
 mod neighbour;
 mod nexthop;
+mod nft_watch;
 mod raw;
 mod route;
 mod socket;

@@ -1,16 +1,21 @@
 //! The kernel's change notifications (what `ip monitor` shows) for links,
-//! addresses, routes and neighbours, as `Notification`s. They are read on
-//! a socket of their own and parsed in place by the parsers the dumps use.
+//! addresses, routes and neighbours, as `Notification`s, and nftables'
+//! changes of the tables vxmgr's firewall rules live in (`nft_watch`).
+//! Each is read on a socket of its own and parsed in place.
 
 use std::io;
 
-use rtnetlink::sys::{Socket, SocketAddr, protocols::NETLINK_ROUTE};
+use rtnetlink::sys::{
+    Socket, SocketAddr,
+    protocols::{NETLINK_NETFILTER, NETLINK_ROUTE},
+};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 use tracing::warn;
 
 use super::neighbour::{Entry, RTM_DELNEIGH, RTM_NEWNEIGH};
+use super::nft_watch::{self, NFNLGRP_NFTABLES};
 use super::raw::{self, Message};
 use super::route::{RTM_DELROUTE, RTM_NEWROUTE, parse_route};
 use crate::kernel::KernelError;
@@ -37,29 +42,49 @@ const RTNLGRP_IPV6_IFADDR: u32 = 9;
 const RTNLGRP_IPV6_ROUTE: u32 = 11;
 
 /// Subscribes, in the calling thread's network namespace, on the current
-/// tokio runtime.
+/// tokio runtime. Without nftables notifications (no nf_tables in the
+/// kernel) vxmgr's firewall is repaired at resyncs only.
 pub(super) fn subscribe() -> Result<mpsc::UnboundedReceiver<Notification>, KernelError> {
-    let socket = open().map_err(|e| KernelError {
-        errno: e.raw_os_error(),
-        message: format!("subscribing to kernel notifications: {e}"),
-    })?;
-    let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(forward(socket, tx));
-    Ok(rx)
-}
-
-fn open() -> io::Result<AsyncFd<Socket>> {
-    let mut socket = Socket::new(NETLINK_ROUTE)?;
-    socket.bind(&SocketAddr::new(0, 0))?;
-    for group in [
+    const ROUTE_GROUPS: [u32; 6] = [
         RTNLGRP_LINK,
         RTNLGRP_NEIGH,
         RTNLGRP_IPV4_IFADDR,
         RTNLGRP_IPV4_ROUTE,
         RTNLGRP_IPV6_IFADDR,
         RTNLGRP_IPV6_ROUTE,
-    ] {
-        socket.add_membership(group)?;
+    ];
+    let socket = open(NETLINK_ROUTE, &ROUTE_GROUPS).map_err(|e| KernelError {
+        errno: e.raw_os_error(),
+        message: format!("subscribing to kernel notifications: {e}"),
+    })?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(forward(
+        socket,
+        tx.clone(),
+        notifications_in,
+        Notification::Overrun,
+    ));
+    match open(NETLINK_NETFILTER, &[NFNLGRP_NFTABLES]) {
+        Ok(socket) => {
+            tokio::spawn(forward(
+                socket,
+                tx,
+                nft_watch::notifications_in,
+                Notification::Firewall,
+            ));
+        }
+        Err(e) => {
+            warn!(error = %e, "no nftables notifications: the firewall rules are repaired at resyncs only");
+        }
+    }
+    Ok(rx)
+}
+
+fn open(protocol: isize, groups: &[u32]) -> io::Result<AsyncFd<Socket>> {
+    let mut socket = Socket::new(protocol)?;
+    socket.bind(&SocketAddr::new(0, 0))?;
+    for group in groups {
+        socket.add_membership(*group)?;
     }
     super::socket::raise_receive_buffer(&mut socket, RECEIVE_BUFFER)?;
     socket.set_non_blocking(true)?;
@@ -69,8 +94,17 @@ fn open() -> io::Result<AsyncFd<Socket>> {
     unsafe { AsyncFd::register_with_interest(socket, Interest::READABLE) }.map_err(io::Error::from)
 }
 
-/// Reads notifications until the receiver goes away or the socket fails.
-async fn forward(socket: AsyncFd<Socket>, tx: mpsc::UnboundedSender<Notification>) {
+/// The notifications in one datagram.
+type Parser = for<'a> fn(&'a [u8]) -> Box<dyn Iterator<Item = Notification> + 'a>;
+
+/// Reads notifications until the receiver goes away or the socket fails;
+/// lost ones are reported as `overrun`.
+async fn forward(
+    socket: AsyncFd<Socket>,
+    tx: mpsc::UnboundedSender<Notification>,
+    parse: Parser,
+    overrun: Notification,
+) {
     let mut buffer = Vec::with_capacity(DATAGRAM_BUFFER);
     let send = |n| tx.send(n).is_ok();
     loop {
@@ -83,9 +117,9 @@ async fn forward(socket: AsyncFd<Socket>, tx: mpsc::UnboundedSender<Notification
             .await;
         let open = match received {
             // A datagram that did not fit is lost, as in an overrun.
-            Ok(len) if len > buffer.capacity() => send(Notification::Overrun),
-            Ok(_) => notifications_in(&buffer).all(send),
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => send(Notification::Overrun),
+            Ok(len) if len > buffer.capacity() => send(overrun.clone()),
+            Ok(_) => parse(&buffer).all(send),
+            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => send(overrun.clone()),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
             Err(e) => {
                 warn!(error = %e, "reading kernel notifications failed");
@@ -101,9 +135,9 @@ async fn forward(socket: AsyncFd<Socket>, tx: mpsc::UnboundedSender<Notification
 /// The notifications in one datagram. Messages of other kinds are
 /// skipped; a message whose framing is broken takes the rest of the
 /// datagram with it, which is lost as in an overrun.
-fn notifications_in(datagram: &[u8]) -> impl Iterator<Item = Notification> + '_ {
+fn notifications_in(datagram: &[u8]) -> Box<dyn Iterator<Item = Notification> + '_> {
     let mut broken = false;
-    raw::messages(datagram)
+    let notifications = raw::messages(datagram)
         .map_while(move |message| match message {
             _ if broken => None,
             Ok(message) => Some(notification(message)),
@@ -112,7 +146,8 @@ fn notifications_in(datagram: &[u8]) -> impl Iterator<Item = Notification> + '_ 
                 Some(Some(Notification::Overrun))
             }
         })
-        .flatten()
+        .flatten();
+    Box::new(notifications)
 }
 
 fn notification(message: Message<'_>) -> Option<Notification> {

@@ -1,8 +1,13 @@
 //! The pools' firewall rules over the in-memory firewall: programmed,
-//! adopted, swept, repaired, and a missing `nft` that stops nothing else.
+//! adopted, swept, repaired, moved to the iptables backend in use, and a
+//! missing `nft` that stops nothing else.
 
 use super::*;
-use crate::kernel::firewall::{NatTable, PoolSet, TableOp};
+use crate::kernel::firewall::memory::FirewallModel;
+use crate::kernel::firewall::{ForwardChain, IptablesMode, NatTable, PoolSet, TableOp};
+
+const NFT: IptablesMode = IptablesMode::Nft;
+const LEGACY: IptablesMode = IptablesMode::Legacy;
 
 const POOLS: &[&str] = &[
     r#"{"ipamPoolUpdate": {"id": "pods-v4", "pool": {"cidr": "10.244.0.0/16", "masquerade": true}}}"#,
@@ -60,7 +65,8 @@ async fn pools_make_the_sets_rules_and_forward_chains_and_a_restart_changes_noth
     assert!(members(&t, Family::V6, true).is_empty());
     // A masquerade rule only for the family with a masquerading pool.
     assert!(t.masquerade_rules[0].is_some() && t.masquerade_rules[1].is_none());
-    let forward = rig.kernel.lock().firewall.forward.clone();
+    // Nothing in either backend: Felix's tie rule, legacy.
+    let forward = rig.kernel.lock().firewall.forward(LEGACY).clone();
     assert!(forward.iter().all(|c| c.jump_in_place()), "{forward:?}");
     assert_eq!(
         forward[1].rules.as_deref().unwrap(),
@@ -130,12 +136,88 @@ async fn drift_is_repaired_at_the_resync() {
     assert_eq!(table(&rig).sets, programmed.sets);
 
     rig.kernel.lock().firewall.table.as_mut().unwrap().intact = false;
-    rig.kernel.lock().firewall.forward[0].jump_first = false;
+    rig.kernel.lock().firewall.iptables[LEGACY as usize].chains[0].jump_first = false;
     rig.reconciler.resync().await.unwrap();
     let t = table(&rig);
     assert!(t.intact);
     assert_eq!(t.sets, programmed.sets);
-    assert!(rig.kernel.lock().firewall.forward[0].jump_in_place());
+    assert!(rig.kernel.lock().firewall.forward(LEGACY)[0].jump_in_place());
+}
+
+/// Whether `mode` holds vxmgr's chains, jumped to from the top, and the
+/// other backend nothing of vxmgr's.
+fn chains_in(firewall: &FirewallModel, mode: IptablesMode) -> bool {
+    let other = firewall.forward(mode.other());
+    firewall
+        .forward(mode)
+        .iter()
+        .all(ForwardChain::jump_in_place)
+        && other.iter().all(|c| *c == ForwardChain::default())
+}
+
+#[tokio::test]
+async fn a_drop_policy_set_through_nftables_moves_the_forward_chains_at_once() {
+    let mut rig = pool_rig(MemoryBackend::with_underlay("eth0", 1500), POOLS, true).await;
+    rig.apply().await;
+    assert!(chains_in(&rig.kernel.lock().firewall, LEGACY));
+    let mut rx = rig.reconciler.watch().unwrap();
+    // Docker through iptables-nft: FORWARD drops, a rule of its own.
+    rig.kernel.change_firewall(true, |f| {
+        let nft = &mut f.iptables[NFT as usize];
+        nft.forward_drop = true;
+        nft.foreign_rules = 1;
+    });
+    assert!(notice_all(&mut rig, &mut rx));
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    let firewall = rig.kernel.lock().firewall.clone();
+    assert!(chains_in(&firewall, NFT), "{firewall:?}");
+    let nft = &firewall.iptables[NFT as usize];
+    assert!(
+        nft.forward_drop && nft.foreign_rules == 1,
+        "foreign rules kept"
+    );
+    assert_eq!(rig.reconciler.firewall_status().mode, Some(NFT));
+
+    // Our own writes come back as notifications: a read, no change.
+    let applies = firewall_applies(&rig);
+    rig.kernel.change_firewall(true, |_| {});
+    assert!(notice_all(&mut rig, &mut rx));
+    rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert_eq!(firewall_applies(&rig), applies);
+}
+
+#[tokio::test]
+async fn the_legacy_poll_moves_the_forward_chains_when_legacy_gains_a_drop_policy() {
+    let kernel = MemoryBackend::with_underlay("eth0", 1500);
+    kernel.lock().firewall.iptables[NFT as usize].foreign_rules = 3;
+    let mut rig = pool_rig(kernel, POOLS, true).await;
+    rig.apply().await;
+    assert!(chains_in(&rig.kernel.lock().firewall, NFT));
+    // The first poll takes the digest in; an unchanged one is no news.
+    rig.reconciler.poll_legacy_iptables().await;
+    rig.reconciler.repair(Instant::now()).await.unwrap();
+    let applies = firewall_applies(&rig);
+    assert!(!rig.reconciler.poll_legacy_iptables().await);
+
+    rig.kernel.change_firewall(false, |f| {
+        f.iptables[LEGACY as usize].forward_drop = true;
+    });
+    assert!(rig.reconciler.poll_legacy_iptables().await);
+    let report = rig.reconciler.repair(Instant::now()).await.unwrap();
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert!(chains_in(&rig.kernel.lock().firewall, LEGACY));
+    assert_eq!(firewall_applies(&rig), applies + 1, "one move");
+}
+
+#[tokio::test]
+async fn a_fixed_backend_stays_whatever_the_host_does() {
+    let kernel = MemoryBackend::with_underlay("eth0", 1500);
+    kernel.lock().firewall.iptables[LEGACY as usize].forward_drop = true;
+    let mut rig = pool_rig(kernel, POOLS, true).await;
+    rig.reconciler.set_forward_rules(Some(IptablesBackend::Nft));
+    rig.apply().await;
+    assert!(chains_in(&rig.kernel.lock().firewall, NFT));
 }
 
 #[tokio::test]
