@@ -22,12 +22,13 @@ mod report;
 mod resync;
 mod rss;
 mod soak;
-mod stream;
 // The namespace testbed, from calc-stub's sources (its demo runs on it); the
-// benches use its churn and census.
+// benches use its churn, census, stream and crash loop.
 #[path = "../../calc-stub/testbed/mod.rs"]
 #[allow(dead_code, unused_imports)]
 mod testbed;
+
+use testbed::stream;
 
 use std::process::ExitCode;
 use std::time::Instant;
