@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cni;
 mod cold;
+mod crashloop;
 mod daemon;
 mod flannel;
 mod ingest;
@@ -81,6 +82,7 @@ fn main() -> ExitCode {
             Scenario::Flannel => flannel::run(&bench),
             Scenario::Cni => cni::run(&bench),
             Scenario::Kube => kube::run(&bench),
+            Scenario::Crashloop => crashloop::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(

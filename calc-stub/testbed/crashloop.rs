@@ -38,6 +38,9 @@ const REFRESH: Duration = Duration::from_secs(2);
 /// loop fails (the time it took is measured, not judged, below this).
 const CONVERGENCE_DEADLINE: Duration = Duration::from_secs(60);
 
+/// How long a new stream waits for the previous one's slot.
+const SLOT_WAIT: Duration = Duration::from_secs(10);
+
 /// The VNI of the world, and the one a VNI change moves it to.
 const VNI: u32 = 4096;
 const OTHER_VNI: u32 = 4097;
@@ -640,9 +643,27 @@ impl Loop<'_> {
         }
     }
 
+    /// A new stream. The previous one's slot frees once vxmgrd has seen it
+    /// end, of which the client hears nothing: the refusal is retried.
+    async fn open(&self) -> Result<Session> {
+        let started = Instant::now();
+        loop {
+            match Session::open(&self.cluster.node(1).socket).await {
+                Err(e)
+                    if started.elapsed() < SLOT_WAIT
+                        && e.downcast_ref::<tonic::Status>()
+                            .is_some_and(|s| s.code() == tonic::Code::FailedPrecondition) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                opened => return opened,
+            }
+        }
+    }
+
     /// A new stream carrying `view`; waits for DataplaneInSync.
     async fn sync(&mut self, view: Vec<ToDataplane>) -> Result<()> {
-        let mut session = Session::open(&self.cluster.node(1).socket).await?;
+        let mut session = self.open().await?;
         let delivery = session.send(view).await?;
         ensure!(delivery.all_ok(), "the view's batches were not all OK");
         self.session = Some(session);
