@@ -183,6 +183,8 @@ pub struct Kill {
     /// vxmgr's routes, nexthops and neighbours before the kernel was seen
     /// to match (zero when there was none).
     pub convergence: Duration,
+    /// What that change was.
+    pub last_change: Option<String>,
 }
 
 /// What a crash loop saw.
@@ -456,6 +458,23 @@ impl Right {
     }
 }
 
+/// Waits until namespace `ns` holds `target`, reading it again and again
+/// for at most `CONVERGENCE_DEADLINE` from `in_sync`.
+fn converged(ns: &str, target: &Census, in_sync: Instant) -> Result<()> {
+    loop {
+        let census = Census::of(ns)?;
+        if census == *target {
+            return Ok(());
+        }
+        if in_sync.elapsed() > CONVERGENCE_DEADLINE {
+            bail!(
+                "{CONVERGENCE_DEADLINE:?} after DataplaneInSync the kernel still differs from an uninterrupted run's (first: uninterrupted, second: now):\n{}",
+                target.differences(&census).join("\n")
+            );
+        }
+    }
+}
+
 /// Whether an `ip monitor` line is about vxmgr's objects.
 fn ours(line: &str) -> bool {
     line.contains(" proto 80")
@@ -561,12 +580,16 @@ pub fn run(
                 )
             })?;
         say(&format!(
-            "kill {}: {step} after {:.0} ms, {:?}; {} right at the kill; matched {:.0} ms after DataplaneInSync",
+            "kill {}: {step} after {:.0} ms, {:?}; {} right at the kill; last change {:.0} ms after DataplaneInSync{}",
             k + 1,
             ms(kill.delay),
             kill.progress,
             kill.right,
-            ms(kill.convergence)
+            ms(kill.convergence),
+            kill.last_change
+                .as_deref()
+                .map(|l| format!(" ({})", l.trim()))
+                .unwrap_or_default()
         ));
         kills.push(kill);
     }
@@ -713,30 +736,36 @@ impl Loop<'_> {
         let view = self.world.view(to);
         runtime.block_on(self.sync(view))?;
         let in_sync = Instant::now();
-        loop {
-            let census = Census::of(&self.ns)?;
-            if census == target {
-                break;
-            }
-            if in_sync.elapsed() > CONVERGENCE_DEADLINE {
-                bail!(
-                    "{CONVERGENCE_DEADLINE:?} after DataplaneInSync the kernel still differs from an uninterrupted run's (first: uninterrupted, second: now):\n{}",
-                    target.differences(&census).join("\n")
-                );
-            }
-        }
+        // The host's objects are read beside the census: both after
+        // DataplaneInSync.
+        let (converged, lost) = std::thread::scope(|scope| {
+            let lost = scope.spawn(|| host::lost(&self.ns, &self.host));
+            (
+                converged(&self.ns, &target, in_sync),
+                lost.join().expect("the host's listing does not panic"),
+            )
+        });
+        converged?;
+        let lost = lost?;
+        ensure!(
+            lost.is_empty(),
+            "the host lost or saw changed:\n{}",
+            lost.join("\n")
+        );
 
         monitor.sync()?;
         // The last change to vxmgr's routes, nexthops or neighbours; the
         // census above saw the rest done by its end.
-        let convergence = monitor
+        let last_change = monitor
             .seen
             .iter()
             .zip(&monitor.seen_at)
             .filter(|(line, _)| ours(line))
+            .max_by_key(|(_, at)| **at);
+        let convergence = last_change
             .map(|(_, at)| at.saturating_duration_since(in_sync))
-            .max()
             .unwrap_or_default();
+        let last_change = last_change.map(|(line, _)| line.clone());
         let touched: Vec<&String> = monitor
             .seen
             .iter()
@@ -754,18 +783,13 @@ impl Loop<'_> {
                 .collect::<Vec<_>>()
                 .join("\n")
         );
-        let lost = host::lost(&self.ns, &self.host)?;
-        ensure!(
-            lost.is_empty(),
-            "the host lost or saw changed:\n{}",
-            lost.join("\n")
-        );
         Ok(Kill {
             step,
             delay,
             progress,
             right: right.len(),
             convergence,
+            last_change,
         })
     }
 }
