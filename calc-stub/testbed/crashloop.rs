@@ -475,12 +475,15 @@ fn converged(ns: &str, target: &Census, in_sync: Instant) -> Result<()> {
     }
 }
 
-/// Whether an `ip monitor` line is about vxmgr's objects.
+/// Whether an `ip monitor` line is about vxmgr's objects: its routes and
+/// nexthops, and the permanent entries on its devices (not the kernel's
+/// own multicast ones).
 fn ours(line: &str) -> bool {
     line.contains(" proto 80")
-        || Family::ALL
-            .iter()
-            .any(|f| line.contains(&format!("dev {} ", f.device_name())))
+        || line.contains(" PERMANENT")
+            && Family::ALL
+                .iter()
+                .any(|f| line.contains(&format!("dev {} ", f.device_name())))
 }
 
 /// A route's destination, from its census description or an `ip monitor`
