@@ -126,10 +126,7 @@ impl Step {
     /// The calc side's view after it.
     fn view(self) -> View {
         match self {
-            Step::ColdStart
-            | Step::Leave
-            | Step::PoolsRemoved
-            | Step::VniBack => View::Base,
+            Step::ColdStart | Step::Leave | Step::PoolsRemoved | Step::VniBack => View::Base,
             Step::Join | Step::MoveBack => View::Joined,
             Step::Move | Step::Resync => View::Moved,
             Step::PoolsNat => View::PoolsNat,
@@ -218,7 +215,7 @@ impl Outcome {
         )];
         lines.extend(
             rows.iter()
-                .map(|(step, [u, m, c])| format!("{step:<16}{u:>10}{m:>10}{c:>10}")),
+                .map(|(step, [u, m, c])| format!("{:<16}{u:>10}{m:>10}{c:>10}", step.to_string())),
         );
         lines
     }
@@ -315,16 +312,19 @@ impl World {
 
     /// The whole view, as a new stream carries it.
     fn view(&self, view: View) -> Vec<ToDataplane> {
-        let vni = if view == View::OtherVni { OTHER_VNI } else { VNI };
+        let vni = if view == View::OtherVni {
+            OTHER_VNI
+        } else {
+            VNI
+        };
         let mut messages = vec![config(vni)];
         if view != View::Empty {
             // Each node's VTEP as the view has it, once: a calc side sends
             // what holds, not its history.
             let moved = |m: &ToDataplane| match &m.payload {
-                Some(Payload::VtepUpdate(v)) if view == View::Moved => self
-                    .moves
-                    .iter()
-                    .find(|c| matches!(&c.payload, Some(Payload::VtepUpdate(w)) if w.node == v.node)),
+                Some(Payload::VtepUpdate(v)) if view == View::Moved => self.moves.iter().find(
+                    |c| matches!(&c.payload, Some(Payload::VtepUpdate(w)) if w.node == v.node),
+                ),
                 _ => None,
             };
             messages.extend(self.base.iter().map(|m| moved(m).unwrap_or(m).clone()));
@@ -567,11 +567,7 @@ pub fn run(
     let mut kills = Vec::new();
     let steps = CYCLE.iter().cycle();
     let befores = CYCLE.iter().cycle().skip(CYCLE.len() - 1);
-    for (k, (before, step)) in befores
-        .zip(steps)
-        .take(settings.kills as usize)
-        .enumerate()
-    {
+    for (k, (before, step)) in befores.zip(steps).take(settings.kills as usize).enumerate() {
         let kill = run
             .kill_and_restart(*before, *step, &mut random, &mut monitor)
             .with_context(|| {
@@ -636,10 +632,7 @@ impl Loop<'_> {
             match action {
                 Action::Send(messages) => {
                     let session = self.session.as_mut().context("no stream open")?;
-                    ensure!(
-                        session.send(messages).await?.all_ok(),
-                        "a batch was not OK"
-                    );
+                    ensure!(session.send(messages).await?.all_ok(), "a batch was not OK");
                 }
                 Action::Reconnect(view) => {
                     self.session = None;
