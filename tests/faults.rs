@@ -3,7 +3,8 @@
 //! longer declares. After each kill, a restarted vxmgrd fed the same
 //! stream again must leave the kernel holding exactly what a clean
 //! convergence on that stream leaves: no stale, missing or half-made
-//! objects, and no temporary ipset. Needs root; skips without it unless
+//! objects, and no temporary ipset. Each kill must land mid-way: the
+//! kernel neither as it was before the stream nor as it ends up. Needs root; skips without it unless
 //! VXMGR_REQUIRE_NETNS=1.
 
 mod support;
@@ -45,9 +46,18 @@ fn clean_convergence(nodes: u32) -> Census {
 
 /// Replays `file` in the background and SIGKILLs vxmgrd as soon as the
 /// kernel reports a change of vxmgr's routes or nexthops that `first`
-/// picks; then restarts it and replays `file` again.
-fn kill_at_first(cluster: &mut Cluster, file: &Path, what: &str, first: impl Fn(&str) -> bool) {
+/// picks; asserts that the kill landed mid-way (the kernel neither as it
+/// was before the replay nor as `expected`, what the replay leads to);
+/// then restarts vxmgrd and replays `file` again.
+fn kill_at_first(
+    cluster: &mut Cluster,
+    file: &Path,
+    expected: &Census,
+    what: &str,
+    first: impl Fn(&str) -> bool,
+) {
     let ns = cluster.node(1).ns.clone();
+    let before = Census::of(&ns).unwrap();
     let mut monitor = Monitor::start(&ns, &["nexthop"]).unwrap();
     let replay = BackgroundReplay::start(&cluster.node(1).socket, [file]);
     monitor
@@ -55,10 +65,16 @@ fn kill_at_first(cluster: &mut Cluster, file: &Path, what: &str, first: impl Fn(
         .unwrap();
     cluster.node_mut(1).stop_daemon(libc::SIGKILL).unwrap();
     replay.wait();
-    eprintln!(
-        "killed at {what}; the kernel then held {}",
-        Census::of(&ns).unwrap()
+    let at_kill = Census::of(&ns).unwrap();
+    assert!(
+        at_kill != before,
+        "killed at {what}: nothing had changed ({at_kill})"
     );
+    assert!(
+        at_kill != *expected,
+        "killed at {what}: everything was done already ({at_kill})"
+    );
+    eprintln!("killed at {what}; the kernel then held {at_kill}");
     cluster.node_mut(1).start_daemon(&[]).unwrap();
     replay_ok(cluster, file);
 }
@@ -90,7 +106,7 @@ fn a_daemon_killed_while_programming_a_large_snapshot_converges_after_a_restart(
     for (what, first) in kill_points {
         let mut cluster = running();
         let (file, _) = generated_world(&cluster, "large", LARGE);
-        kill_at_first(&mut cluster, &file, what, first);
+        kill_at_first(&mut cluster, &file, &expected, what, first);
         assert_census(
             &cluster.node(1).ns,
             &expected,
@@ -109,9 +125,13 @@ fn a_daemon_killed_during_the_sweep_after_a_reconnect_converges_after_a_restart(
     let (before, _) = generated_world(&cluster, "before", BEFORE_RECONNECT);
     let (after, _) = generated_world(&cluster, "after", AFTER_RECONNECT);
     replay_ok(&cluster, &before);
-    kill_at_first(&mut cluster, &after, "the sweep's first deletion", |l| {
-        l.starts_with("Deleted")
-    });
+    kill_at_first(
+        &mut cluster,
+        &after,
+        &expected,
+        "the sweep's first deletion",
+        |l| l.starts_with("Deleted"),
+    );
     assert_census(
         &cluster.node(1).ns,
         &expected,

@@ -14,77 +14,11 @@ mod support;
 use std::collections::BTreeSet;
 
 use support::netns::{can_run, cluster, wait_until};
-use support::testbed::{self, Cluster};
-
-/// The host's own objects on node-1 (underlay 192.168.10.1/24 on eth0,
-/// its gateway 192.168.10.254; node-2 is 192.168.10.2).
-const HOST_OBJECTS: &[&str] = &[
-    "ip route add default via 192.168.10.254 dev eth0",
-    "ip route add 192.0.2.0/24 via 192.168.10.254 proto static",
-    "ip route add 198.51.100.0/24 via 192.168.10.254 proto boot",
-    "ip route add 203.0.113.0/24 via 192.168.10.254 proto dhcp metric 100",
-    // A BGP daemon's routes, one through node-2's address as vxmgr's
-    // same-subnet routes go, and one with vxmgr's default protocol.
-    "ip route add 10.96.0.0/16 via 192.168.10.2 proto 186",
-    "ip route add 10.97.0.0/16 via 192.168.10.254 proto 80",
-    "ip route add blackhole 10.98.0.0/16 proto 186 metric 20",
-    "ip -6 route add default via fd00:10::fe dev eth0",
-    "ip -6 route add 2001:db8::/32 via fd00:10::fe proto 186",
-    // Another agent's nexthops and group, one with vxmgr's protocol and
-    // the first id vxmgr would pick.
-    "ip nexthop add id 2020081664 via 192.168.10.254 dev eth0 proto 80",
-    "ip nexthop add id 10 via 192.168.10.2 dev eth0 proto 186",
-    "ip nexthop add id 11 group 10/2020081664 proto 186",
-    "ip route add 10.99.0.0/16 nhid 11 proto 186",
-    // Another agent's VXLAN device with its neighbours and FDB entries.
-    "ip link add vxlan.other type vxlan id 9 dstport 4790 dev eth0 local 192.168.10.1",
-    "ip link set vxlan.other up",
-    "ip addr add 10.250.0.1/32 dev vxlan.other",
-    "ip neigh add 10.250.0.2 lladdr 02:00:00:00:00:02 dev vxlan.other nud permanent",
-    "bridge fdb append 02:00:00:00:00:02 dev vxlan.other dst 192.168.10.2 self permanent",
-    "ip route add 10.250.1.0/24 via 10.250.0.2 dev vxlan.other onlink proto 186",
-    "ip neigh add 192.168.10.200 lladdr 02:00:00:00:00:c8 dev eth0 nud permanent",
-    "bridge fdb add 02:00:00:00:00:c9 dev eth0 self permanent",
-    // ipsets whose names start like vxmgr's.
-    "ipset create cali40all-vxlan-net-x hash:net",
-    "ipset add cali40all-vxlan-net-x 10.1.0.0/16",
-    "ipset create cali40all-vxlan-ne hash:ip",
-    "ipset add cali40all-vxlan-ne 10.1.2.3",
-    "ipset create cali60all-vxlan-net6 hash:net family inet6",
-];
-
-/// Everything the host holds that the tests compare, a line an object.
-fn host_listing(ns: &str) -> BTreeSet<String> {
-    let mut lines = BTreeSet::new();
-    for command in [
-        "ip -d route show table all",
-        "ip -d -6 route show table all",
-        "ip -d nexthop show",
-        "ip -d neigh show nud permanent",
-        "bridge -d fdb show",
-        "ip -d link show vxlan.other",
-        "ip addr show",
-        "ipset list cali40all-vxlan-net-x",
-        "ipset list cali40all-vxlan-ne",
-        "ipset list cali60all-vxlan-net6",
-    ] {
-        let out = testbed::sh(ns, command).unwrap();
-        for line in out.lines() {
-            let line = line.trim();
-            // Counters that move by themselves.
-            if line.starts_with("RX:") || line.starts_with("TX:") || line.contains("valid_lft") {
-                continue;
-            }
-            lines.insert(format!("{command}: {line}"));
-        }
-    }
-    lines
-}
+use support::testbed::{self, Cluster, host};
 
 /// The host's objects are all there, as they were.
 fn assert_host_intact(ns: &str, before: &BTreeSet<String>, phase: &str) {
-    let now = host_listing(ns);
-    let missing: Vec<&String> = before.difference(&now).collect();
+    let missing = host::lost(ns, before).unwrap();
     assert!(
         missing.is_empty(),
         "{phase}: the host lost or saw changed: {missing:#?}"
@@ -109,12 +43,7 @@ fn resyncs(cluster: &Cluster) -> usize {
 /// node-1 with the host's objects, and their listing before vxmgrd.
 fn host_node() -> (Cluster, BTreeSet<String>) {
     let cluster = cluster(2);
-    let ns = cluster.node(1).ns.clone();
-    testbed::sh(&ns, "ip link set lo up").unwrap();
-    for command in HOST_OBJECTS {
-        testbed::sh(&ns, command).unwrap();
-    }
-    let before = host_listing(&ns);
+    let before = host::install(&cluster.node(1).ns).unwrap();
     (cluster, before)
 }
 

@@ -32,6 +32,11 @@ pub enum Scenario {
     /// Docker's drop in iptables-nft and in iptables-legacy, its nftables
     /// table repaired after a delete; 20 trials each (root, iptables, nft).
     Firewall,
+    /// vxmgrd SIGKILLed at random moments of cold start, churn, resyncs,
+    /// pool and VNI changes, restarted each time: convergence after
+    /// DataplaneInSync, nothing right at a kill touched (root; not part of
+    /// the default set).
+    Crashloop,
 }
 
 impl Scenario {
@@ -47,6 +52,7 @@ impl Scenario {
                 | Scenario::Cni
                 | Scenario::Kube
                 | Scenario::Firewall
+                | Scenario::Crashloop
         )
     }
 }
@@ -124,6 +130,13 @@ pub struct Cli {
     /// Nodes changing their VTEP MAC at once in kube [default: 600; --quick: 100].
     #[arg(long)]
     pub kube_burst: Option<u32>,
+    /// SIGKILLs in crashloop [default: 200; --quick: 20]; VXMGR_CRASH_SEED
+    /// sets the seed of their moments.
+    #[arg(long)]
+    pub kills: Option<u32>,
+    /// Nodes of crashloop's world [default: 5000].
+    #[arg(long, value_parser = nodes())]
+    pub crash_nodes: Option<u32>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub bench: bool,
@@ -148,6 +161,8 @@ pub struct Settings {
     pub kube_sizes: Vec<u32>,
     pub kube_single: u32,
     pub kube_burst: u32,
+    pub kills: u32,
+    pub crash_nodes: u32,
 }
 
 impl Cli {
@@ -159,7 +174,7 @@ impl Cli {
             Scenario::value_variants()
                 .iter()
                 .copied()
-                .filter(|s| *s != Scenario::Soak)
+                .filter(|s| !matches!(s, Scenario::Soak | Scenario::Crashloop))
                 .collect()
         } else {
             self.scenarios.clone()
@@ -200,6 +215,8 @@ impl Cli {
             }),
             kube_single: pick(self.kube_single, 200, 20),
             kube_burst: pick(self.kube_burst, 600, 100),
+            kills: pick(self.kills, 200, 20),
+            crash_nodes: self.crash_nodes.unwrap_or(5000),
         }
     }
 }

@@ -11,6 +11,7 @@ mod cli;
 mod cluster;
 mod cni;
 mod cold;
+mod crashloop;
 mod daemon;
 mod firewall;
 mod flannel;
@@ -23,12 +24,13 @@ mod report;
 mod resync;
 mod rss;
 mod soak;
-mod stream;
 // The namespace testbed, from calc-stub's sources (its demo runs on it); the
-// benches use its churn and census.
+// benches use its churn, census, stream and crash loop.
 #[path = "../../calc-stub/testbed/mod.rs"]
 #[allow(dead_code, unused_imports)]
 mod testbed;
+
+use testbed::stream;
 
 use std::process::ExitCode;
 use std::time::Instant;
@@ -82,6 +84,7 @@ fn main() -> ExitCode {
             Scenario::Cni => cni::run(&bench),
             Scenario::Kube => kube::run(&bench),
             Scenario::Firewall => firewall::run(&bench),
+            Scenario::Crashloop => crashloop::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(

@@ -3,9 +3,8 @@
 
 use std::fs::File;
 use std::future::Future;
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use anyhow::{Context, Result, bail};
@@ -128,41 +127,6 @@ impl Netns {
             Err(panic) => std::panic::resume_unwind(panic),
         }
     }
-
-    /// Deletes the routes of protocol 80 in one `ip -batch`. Each nexthop
-    /// removed while routes still use it makes the kernel walk the whole
-    /// FIB (25-100 s in all for 20,000 nodes × 4 blocks), and removing the
-    /// device or the namespace removes the nexthops; once the routes are
-    /// gone that is quick. (`ip route flush` cannot delete routes that use
-    /// a nexthop: the kernel refuses its request with EINVAL.)
-    fn delete_routes(&self) -> Result<()> {
-        let listed = self.ip(&["route", "show", "proto", "80"])?;
-        let mut batch = String::new();
-        for line in String::from_utf8_lossy(&listed.stdout).lines() {
-            let mut words = line.split_whitespace();
-            let Some(first) = words.next() else { continue };
-            let dst = match first {
-                "blackhole" | "unreachable" | "prohibit" => {
-                    format!("{first} {}", words.next().unwrap_or_default())
-                }
-                _ => first.to_string(),
-            };
-            batch.push_str(&format!("route del {dst}\n"));
-        }
-        let mut child = Command::new("ip")
-            .args(["-n", &self.name, "-force", "-batch", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .context("piped stdin")?
-            .write_all(batch.as_bytes())?;
-        child.wait()?;
-        Ok(())
-    }
 }
 
 impl Drop for Netns {
@@ -170,7 +134,7 @@ impl Drop for Netns {
         // Torn down here rather than by a kernel worker after `netns del`:
         // that worker would hold the RTNL lock, and eat CPU, during the
         // next measurement.
-        if let Err(e) = self.delete_routes() {
+        if let Err(e) = crate::testbed::delete_routes(&self.name) {
             eprintln!("{}: deleting routes: {e:#}", self.name);
         }
         let _ = Command::new("ip")

@@ -8,6 +8,7 @@ use std::fmt;
 use serde_json::Value;
 
 use super::{Result, ip_json, run_in, try_in};
+use vxmgr::kernel::firewall::{TABLE, TABLE_FAMILY};
 use vxmgr::model::Family;
 
 /// The protocol vxmgr's routes and nexthops carry by default.
@@ -25,13 +26,16 @@ pub struct FamilyCensus {
     pub ipset: BTreeSet<String>,
 }
 
-/// Both families' objects, and the names of every ipset in the namespace
-/// (a temporary set left by an interrupted replace shows there).
+/// Both families' objects, the names of every ipset in the namespace (a
+/// temporary set left by an interrupted replace shows there), and vxmgr's
+/// firewall: its nftables table and its chains and jump in iptables'
+/// `filter` table.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Census {
     pub v4: FamilyCensus,
     pub v6: FamilyCensus,
     pub ipsets: BTreeSet<String>,
+    pub firewall: BTreeSet<String>,
 }
 
 /// The kinds counted in `Census::counts`, in its order.
@@ -40,13 +44,20 @@ pub const KINDS: [&str; 5] = ["routes", "nexthops", "neighbours", "fdb", "ipset"
 impl Census {
     /// Reads namespace `ns`.
     pub fn of(ns: &str) -> Result<Census> {
+        // The families side by side: a large world's listings take seconds.
+        let (v4, v6) = std::thread::scope(|scope| {
+            let v6 = scope.spawn(|| FamilyCensus::of(ns, Family::V6));
+            let v4 = FamilyCensus::of(ns, Family::V4);
+            (v4, v6.join().expect("the IPv6 census does not panic"))
+        });
         Ok(Census {
-            v4: FamilyCensus::of(ns, Family::V4)?,
-            v6: FamilyCensus::of(ns, Family::V6)?,
+            v4: v4?,
+            v6: v6?,
             ipsets: run_in(ns, &["ipset", "list", "-n"])?
                 .lines()
                 .map(str::to_string)
                 .collect(),
+            firewall: firewall(ns)?,
         })
     }
 
@@ -80,6 +91,7 @@ impl Census {
             }
         }
         difference(&mut out, "ipsets", &self.ipsets, &other.ipsets);
+        difference(&mut out, "firewall", &self.firewall, &other.firewall);
         out
     }
 }
@@ -291,6 +303,31 @@ fn fdb(ns: &str, family: Family) -> Result<BTreeSet<String>> {
         .filter(|e| e["state"] == "permanent" && !e["dst"].is_null())
         .map(|e| format!("{} {}", text(e, "mac"), text(e, "dst")))
         .collect())
+}
+
+/// vxmgr's nftables table, a line a rule, set element list or
+/// declaration, and every rule of iptables' and ip6tables' `filter` table
+/// in `FORWARD` or vxmgr's chain, without counters.
+fn firewall(ns: &str) -> Result<BTreeSet<String>> {
+    let mut lines = BTreeSet::new();
+    let table = try_in(ns, &["nft", "list", "table", TABLE_FAMILY, TABLE])?;
+    if table.status.success() {
+        lines.extend(
+            String::from_utf8_lossy(&table.stdout)
+                .lines()
+                .map(|l| format!("nft: {}", l.trim())),
+        );
+    }
+    for save in ["iptables-save", "ip6tables-save"] {
+        let listed = run_in(ns, &[save, "-t", "filter"])?;
+        lines.extend(
+            listed
+                .lines()
+                .filter(|l| l.contains("FORWARD"))
+                .map(|l| format!("{save}: {}", l.split(" [").next().unwrap_or(l))),
+        );
+    }
+    Ok(lines)
 }
 
 /// The members of ipset `name`; none when it does not exist.

@@ -6,13 +6,32 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::Path;
 
-use super::{Result, TestbedError, run};
+use super::{Result, TestbedError, run, sh};
 use vxmgr::model::MacAddr;
 use vxmgr::wire::felix::{
     RouteRemove, ToDataplane, VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate,
     to_dataplane::Payload,
 };
 use vxmgr::wire::replay::read_file;
+
+/// The node whose view generated worlds are in the namespace tests, and
+/// the underlay addresses `calc-stub generate` gives it (node i has
+/// 172.16.0.0 + i + 1 and fd00:172:: + i + 1), with prefixes that hold
+/// every generated node's.
+pub const GENERATED_LOCAL: &str = "node-1";
+const GENERATED_UNDERLAY: [&str; 2] = [
+    "ip addr add 172.16.0.2/12 dev eth0",
+    "ip -6 addr add fd00:172::2/64 dev eth0 nodad",
+];
+
+/// Gives the node in namespace `ns` (a cluster's node-1) its generated
+/// underlay addresses, so that generated worlds apply to it.
+pub fn add_generated_underlay(ns: &str) -> Result<()> {
+    for command in GENERATED_UNDERLAY {
+        sh(ns, command)?;
+    }
+    Ok(())
+}
 
 /// `calc-stub generate --nodes N --blocks-per-node B --local-node L`
 /// (with `--ipv6`, both families) written to `out`, and read back.

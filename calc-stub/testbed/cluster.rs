@@ -128,6 +128,11 @@ impl Node {
         Ok(())
     }
 
+    /// Whether vxmgrd was started and not stopped since.
+    pub fn running(&self) -> bool {
+        self.daemon.is_some()
+    }
+
     /// Stops vxmgrd with `signal` and waits for it.
     pub fn stop_daemon(&mut self, signal: i32) -> Result<ExitStatus> {
         let Some(mut child) = self.daemon.take() else {
@@ -459,6 +464,8 @@ impl Drop for Cluster {
                 let _ = child.kill();
                 let _ = child.wait();
             }
+            // Routes before nexthops: see `delete_routes`.
+            let _ = super::delete_routes(&node.ns);
             for ns in [node.pod_ns(), node.ns.clone()] {
                 let _ = Command::new("ip").args(["netns", "del", &ns]).output();
             }

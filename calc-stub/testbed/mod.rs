@@ -10,14 +10,17 @@ pub mod census;
 pub mod churn;
 mod cluster;
 pub mod cni;
+pub mod crashloop;
 pub mod etcd;
 pub mod etcd_cluster;
 pub mod flannel;
+pub mod host;
 pub mod kube;
 mod monitor;
+pub mod stream;
 
-use std::io;
-use std::process::{Command, Output};
+use std::io::{self, Write};
+use std::process::{Command, Output, Stdio};
 
 pub use census::Census;
 pub use churn::Churn;
@@ -93,6 +96,44 @@ pub fn try_run(args: &[&str]) -> Result<Output> {
             command: describe(args),
             source,
         })
+}
+
+/// Deletes the routes of protocol 80 in namespace `ns` in one `ip -batch`.
+/// Each nexthop removed while routes still use it makes the kernel walk
+/// the whole FIB (25-100 s in all for 20,000 nodes × 4 blocks), and
+/// removing the device or the namespace removes the nexthops; once the
+/// routes are gone that is quick. (`ip route flush` cannot delete routes
+/// that use a nexthop: the kernel refuses its request with EINVAL.)
+pub fn delete_routes(ns: &str) -> Result<()> {
+    let mut batch = String::new();
+    for family in ["-4", "-6"] {
+        for line in run(&["ip", "-n", ns, family, "route", "show", "proto", "80"])?.lines() {
+            let mut words = line.split_whitespace();
+            let Some(first) = words.next() else { continue };
+            let dst = match first {
+                "blackhole" | "unreachable" | "prohibit" => {
+                    format!("{first} {}", words.next().unwrap_or_default())
+                }
+                _ => first.to_string(),
+            };
+            batch.push_str(&format!("route del {dst}\n"));
+        }
+    }
+    let mut child = Command::new("ip")
+        .args(["-n", ns, "-force", "-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|source| TestbedError::Spawn {
+            command: format!("ip -n {ns} -batch -"),
+            source,
+        })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(batch.as_bytes())?;
+    }
+    child.wait()?;
+    Ok(())
 }
 
 /// A TCP port free on this namespace's loopback now.

@@ -17,9 +17,11 @@ const MARKER_ATTEMPTS: u32 = 30;
 pub struct Monitor {
     ns: String,
     child: Child,
-    lines: mpsc::Receiver<String>,
+    lines: mpsc::Receiver<(Instant, String)>,
     /// Every change reported so far.
     pub seen: Vec<String>,
+    /// When each line of `seen` was read from `ip monitor`.
+    pub seen_at: Vec<Instant>,
 }
 
 impl Monitor {
@@ -39,7 +41,7 @@ impl Monitor {
         let (tx, lines) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                if tx.send(line).is_err() {
+                if tx.send((Instant::now(), line)).is_err() {
                     return;
                 }
             }
@@ -49,9 +51,10 @@ impl Monitor {
             child,
             lines,
             seen: Vec::new(),
+            seen_at: Vec::new(),
         };
         monitor.sync()?;
-        monitor.seen.clear();
+        monitor.clear();
         Ok(monitor)
     }
 
@@ -74,8 +77,20 @@ impl Monitor {
                 Err(e) => return Err(e),
             }
         }
-        self.seen.retain(|l| !l.contains(MARKER));
+        let (seen, seen_at) = self
+            .seen
+            .drain(..)
+            .zip(self.seen_at.drain(..))
+            .filter(|(l, _)| !l.contains(MARKER))
+            .unzip();
+        (self.seen, self.seen_at) = (seen, seen_at);
         Ok(())
+    }
+
+    /// Forgets the changes seen so far.
+    pub fn clear(&mut self) {
+        self.seen.clear();
+        self.seen_at.clear();
     }
 
     /// Waits for a reported line matching `want`.
@@ -89,9 +104,10 @@ impl Monitor {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) => {
+                Ok((at, line)) => {
                     let hit = want(&line);
                     self.seen.push(line);
+                    self.seen_at.push(at);
                     if hit {
                         return Ok(());
                     }

@@ -49,23 +49,13 @@ pub fn cluster(n: u8) -> Cluster {
     cluster
 }
 
-/// The node whose view generated worlds are, and the underlay addresses
-/// `calc-stub generate` gives it (node i has 172.16.0.0 + i + 1 and
-/// fd00:172:: + i + 1), with prefixes that hold every generated node's.
-pub const GENERATED_LOCAL: &str = "node-1";
-const GENERATED_UNDERLAY: [&str; 2] = [
-    "ip addr add 172.16.0.2/12 dev eth0",
-    "ip -6 addr add fd00:172::2/64 dev eth0 nodad",
-];
+pub use testbed::churn::GENERATED_LOCAL;
 
 /// A one-node cluster whose node also holds its generated underlay
 /// addresses, so generated worlds apply to it.
 pub fn generated_cluster() -> Cluster {
     let cluster = cluster(1);
-    let ns = &cluster.node(1).ns;
-    for command in GENERATED_UNDERLAY {
-        testbed::sh(ns, command).unwrap();
-    }
+    churn::add_generated_underlay(&cluster.node(1).ns).unwrap();
     cluster
 }
 

@@ -1,5 +1,6 @@
 //! The calc side of a Sync stream: numbers messages, sends them as fast as
-//! the stream takes them and waits for the batch statuses covering them.
+//! the stream takes them and waits for the batch statuses covering them,
+//! or for DataplaneInSync.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -98,6 +99,24 @@ impl Session {
             covered,
             statuses,
         })
+    }
+}
+
+impl Session {
+    /// Waits for DataplaneInSync: the daemon has applied everything up to
+    /// an InSync and nothing is left to do.
+    pub async fn in_sync(&mut self) -> Result<()> {
+        let waiting = async {
+            while let Some(response) = self.responses.next().await {
+                if let Some(sync_response::Payload::DataplaneInSync(_)) = response?.payload {
+                    return Ok(());
+                }
+            }
+            bail!("the daemon ended the stream before DataplaneInSync")
+        };
+        tokio::time::timeout(STATUS_TIMEOUT, waiting)
+            .await
+            .with_context(|| format!("no DataplaneInSync in {STATUS_TIMEOUT:?}"))?
     }
 }
 
