@@ -1059,7 +1059,7 @@ fn etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed
 
 /// Kills in the crash loop under `cargo test`; VXMGR_CRASH_KILLS asks for
 /// more, VXMGR_CRASH_SEED replays a run.
-const CRASH_KILLS: usize = 40;
+const CRASH_KILLS: usize = 50;
 /// Absent nodes whose leases the crash loop rewrites in bursts.
 const BURST_NODES: std::ops::Range<u8> = 100..116;
 
