@@ -821,13 +821,17 @@ enum EtcdFault {
     /// Cut node 1's agent off every member, write and compact past its
     /// watch's revision meanwhile.
     CompactWhileCutOff,
+    /// SIGKILL two members of three (the watched one and one more): no
+    /// quorum; the new lease is written as soon as the cluster takes
+    /// writes again.
+    QuorumLost,
 }
 
 /// One fault's figures, as docs/flannel.md tabulates them.
 struct FaultFigures {
     fault: EtcdFault,
-    /// From the new lease's write (or the end of node 1's cut-off) to its
-    /// route on every node.
+    /// From the new lease's write (or the end of node 1's cut-off, or the
+    /// quorum back: a leader elected) to its route on every node.
     programmed: Duration,
     deleted: usize,
     /// Renewals each node's agent logged while the fault lasted.
@@ -909,8 +913,10 @@ fn etcd_fault(c: &mut FlannelCluster, pods: &[Pod], fault: EtcdFault, new: u8) -
     let target = match fault {
         EtcdFault::KillWatched | EtcdFault::PartitionWatched => watched,
         EtcdFault::KillLeader => leader,
-        EtcdFault::CompactWhileCutOff => watched,
+        EtcdFault::CompactWhileCutOff | EtcdFault::QuorumLost => watched,
     };
+    // The second member a quorum loss kills.
+    let also = (target + 1) % ETCD_MEMBERS.len();
     let started = Instant::now();
     match fault {
         EtcdFault::KillWatched | EtcdFault::KillLeader => {
@@ -921,12 +927,30 @@ fn etcd_fault(c: &mut FlannelCluster, pods: &[Pod], fault: EtcdFault, new: u8) -
             testbed::etcd_cluster::cut_off(&nss[0], "tcp sport 2379 drop", "tcp dport 2379 drop")
                 .unwrap()
         }
+        EtcdFault::QuorumLost => {
+            etcd.member(target).stop_with(libc::SIGKILL).unwrap();
+            etcd.member(also).stop_with(libc::SIGKILL).unwrap();
+        }
     }
-    // Written through a member that still has the quorum.
-    let writer = (target + 1) % ETCD_MEMBERS.len();
+    // Written through a member that still has the quorum (after a quorum
+    // loss: through the survivor, once the others are back).
+    let writer = (also + 1) % ETCD_MEMBERS.len();
     let (key, value) = absent_node_lease(new);
+    let mut written = Instant::now();
+    if let EtcdFault::QuorumLost = fault {
+        if let Some(rest) = FAULT_HOLD.checked_sub(started.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        pods_ping_v4(pods);
+        etcd.member(target).start_again().unwrap();
+        etcd.member(also).start_again().unwrap();
+        etcd.leader(writer).unwrap();
+        written = Instant::now();
+    }
     put_through(etcd, writer, &key, &value);
-    let written = Instant::now();
+    if !matches!(fault, EtcdFault::QuorumLost) {
+        written = Instant::now();
+    }
     pods_ping_v4(pods);
     let dst = format!("10.50.{new}.0/24");
     let reachable: &[String] = match fault {
@@ -958,6 +982,7 @@ fn etcd_fault(c: &mut FlannelCluster, pods: &[Pod], fault: EtcdFault, new: u8) -
             etcd.member(target).start_again().unwrap()
         }
         EtcdFault::PartitionWatched => etcd.heal(target).unwrap(),
+        EtcdFault::QuorumLost => {}
         EtcdFault::CompactWhileCutOff => {
             testbed::etcd_cluster::heal(&nss[0]).unwrap();
             let healed = Instant::now();
@@ -966,9 +991,12 @@ fn etcd_fault(c: &mut FlannelCluster, pods: &[Pod], fault: EtcdFault, new: u8) -
         }
     }
     for (i, n) in (1u8..).zip(&during) {
-        if let (EtcdFault::CompactWhileCutOff, 1) = (fault, i) {
-            // Cut off, it could not; it does once back, before the lease
-            // (30 s) expires.
+        if matches!(
+            (fault, i),
+            (EtcdFault::CompactWhileCutOff, 1) | (EtcdFault::QuorumLost, _)
+        ) {
+            // Cut off, or without a quorum, it could not; it does once
+            // back, before the lease (30 s) expires.
             c.wait_for_log(1, "lease renewed", renewals(c, 1) + 1, WAIT)
                 .unwrap();
             continue;
@@ -1026,6 +1054,7 @@ fn etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed
         EtcdFault::KillLeader,
         EtcdFault::PartitionWatched,
         EtcdFault::CompactWhileCutOff,
+        EtcdFault::QuorumLost,
     ];
     let mut table = vec![
         "| fault | new lease programmed after | routes deleted | renewals seen (node 1, 2, 3) |"
@@ -1046,7 +1075,7 @@ fn etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed
     // Every lease written during the faults, on every node, and nothing
     // fatal said.
     for node in &c.cluster.nodes {
-        for new in 201..205 {
+        for new in 201..206 {
             wait_route(&node.ns, &format!("10.50.{new}.0/24"), true);
         }
     }
