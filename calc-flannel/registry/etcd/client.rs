@@ -316,6 +316,9 @@ impl Etcd {
     }
 }
 
+/// The watch id etcd gives its answer to a progress request.
+const PROGRESS_WATCH_ID: i64 = -1;
+
 /// Whether a watch's member still answers: after [`WATCH_SILENCE`]
 /// without a response the watch asks for progress, and a member that has
 /// answered such a request before but not this one within
@@ -336,8 +339,10 @@ impl Liveness {
         }
     }
 
-    fn answered(&mut self) {
-        self.answers_progress |= self.asked;
+    /// Any response shows the member is there; only an answer to a
+    /// progress request shows it answers them.
+    fn answered(&mut self, response: &Result<WatchResponse, Status>) {
+        self.answers_progress |= matches!(response, Ok(r) if r.watch_id == PROGRESS_WATCH_ID);
         self.asked = false;
     }
 
@@ -538,10 +543,13 @@ impl Kv for Etcd {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             let mut liveness = Liveness::default();
+            // Asked at once, so that the member's answer shows it answers
+            // progress requests before it can be cut off.
+            liveness.silent(&keep_open);
             loop {
                 let response = match tokio::time::timeout(liveness.wait(), responses.next()).await {
                     Ok(Some(response)) => {
-                        liveness.answered();
+                        liveness.answered(&response);
                         response
                     }
                     Ok(None) => break,
@@ -631,7 +639,21 @@ mod tests {
             "a member never seen answering one may predate progress requests"
         );
         sent.try_recv().expect("asked again");
-        liveness.answered();
+        liveness.answered(&Ok(WatchResponse {
+            created: true,
+            ..WatchResponse::default()
+        }));
+        assert!(!liveness.silent(&requests));
+        sent.try_recv().expect("asked again");
+        assert!(
+            !liveness.silent(&requests),
+            "the watch's creation is no answer to a progress request"
+        );
+        sent.try_recv().expect("asked again");
+        liveness.answered(&Ok(WatchResponse {
+            watch_id: PROGRESS_WATCH_ID,
+            ..WatchResponse::default()
+        }));
         assert!(!liveness.silent(&requests));
         assert!(
             liveness.silent(&requests),
