@@ -3,7 +3,8 @@
 //! block, InSync.
 //!
 //! Addressing: block j of node i is the j-th /26 (or /122) after
-//! 10.0.0.0 (fd00:244::) counting i*K+j; a node's tunnel address is the
+//! 10.0.0.0 (fd00:244::) counting i*K+j, within 10.0.0.0/8 while the blocks
+//! fit there and 10.0.0.0/7 beyond (100,000 nodes of 4 blocks); a node's tunnel address is the
 //! first address of its first block; its underlay address is
 //! 172.16.0.0 (fd00:172::) + i + 1.
 
@@ -35,7 +36,8 @@ pub struct GenerateArgs {
     #[arg(long)]
     ipv6: bool,
     /// Declare the blocks' IP pools, masquerading (Felix's natOutgoing):
-    /// 10.0.0.0/8, and fd00:244::/48 with --ipv6.
+    /// 10.0.0.0/8 (10.0.0.0/7 for more blocks than it holds), and
+    /// fd00:244::/48 with --ipv6.
     #[arg(long)]
     pools: bool,
     /// Write here instead of standard output (.jsonl: JSON lines; otherwise Felix framing).
@@ -44,6 +46,10 @@ pub struct GenerateArgs {
 }
 
 const MAX_NODES: u32 = 1 << 20;
+/// /26 blocks in 10.0.0.0/7.
+const MAX_BLOCKS: u64 = 1 << 19;
+/// /26 blocks in 10.0.0.0/8, the IPv4 pool of clusters that fit in it.
+const BLOCKS_IN_SLASH_8: u64 = 1 << 18;
 
 pub fn run(args: GenerateArgs) -> Result<bool, StubError> {
     if args.nodes == 0 || args.nodes > MAX_NODES {
@@ -52,11 +58,10 @@ pub fn run(args: GenerateArgs) -> Result<bool, StubError> {
         )));
     }
     let blocks = u64::from(args.nodes) * u64::from(args.blocks_per_node);
-    if args.blocks_per_node == 0 || blocks > 1 << 18 {
-        return Err(StubError::Other(
-            "--nodes × --blocks-per-node must be from 1 to 262144 (/26 blocks of 10.0.0.0/8)"
-                .into(),
-        ));
+    if args.blocks_per_node == 0 || blocks > MAX_BLOCKS {
+        return Err(StubError::Other(format!(
+            "--nodes × --blocks-per-node must be from 1 to {MAX_BLOCKS} (/26 blocks of 10.0.0.0/7)"
+        )));
     }
     let local_exists = args
         .local_node
@@ -130,8 +135,14 @@ fn cluster(args: &GenerateArgs) -> impl Iterator<Item = ToDataplane> + '_ {
             .collect(),
         ..Default::default()
     };
+    let blocks = u64::from(args.nodes) * u64::from(args.blocks_per_node);
+    let pool_v4 = if blocks > BLOCKS_IN_SLASH_8 {
+        "10.0.0.0/7"
+    } else {
+        "10.0.0.0/8"
+    };
     let pools = [
-        ("pool-ipv4", "10.0.0.0/8", true),
+        ("pool-ipv4", pool_v4, true),
         ("pool-ipv6", "fd00:244::/48", args.ipv6),
     ]
     .into_iter()

@@ -66,10 +66,10 @@ impl std::fmt::Display for Scenario {
     }
 }
 
-/// Cluster sizes calc-stub can generate with 4 blocks per node (2^18 /26
-/// blocks in 10.0.0.0/8), with at least one remote node.
+/// Cluster sizes calc-stub can generate with 4 blocks per node (2^19 /26
+/// blocks in 10.0.0.0/7), with at least one remote node.
 fn nodes() -> clap::builder::RangedI64ValueParser<u32> {
-    clap::value_parser!(u32).range(2..=65536)
+    clap::value_parser!(u32).range(2..=131_072)
 }
 
 /// vxmgr's benchmark suite. Figures are printed, never asserted.
