@@ -16,14 +16,14 @@ use crate::stream::{Delivery, Session};
 
 /// The operations, in the order each round sends them.
 #[derive(Clone, Copy)]
-enum Op {
+pub enum Op {
     Join,
     VtepChange,
     Leave,
 }
 
 impl Op {
-    const ALL: [Op; 3] = [Op::Join, Op::VtepChange, Op::Leave];
+    pub const ALL: [Op; 3] = [Op::Join, Op::VtepChange, Op::Leave];
 
     fn name(self) -> &'static str {
         match self {
@@ -44,7 +44,7 @@ struct OpSamples {
 }
 
 #[derive(Default)]
-struct Samples([OpSamples; 3]);
+pub struct Samples([OpSamples; 3]);
 
 impl Samples {
     fn record(&mut self, op: Op, delivery: &Delivery) {
@@ -56,6 +56,10 @@ impl Samples {
 
     fn of(&self, op: Op) -> &OpSamples {
         &self.0[op as usize]
+    }
+
+    pub fn round_trip_p99(&self, op: Op) -> Duration {
+        quantile(&self.of(op).round_trip, 0.99)
     }
 }
 
@@ -128,7 +132,7 @@ fn print_growth(by_size: &[(u32, Samples)]) {
     table.print();
 }
 
-fn churn(bench: &Bench, nodes: u32) -> Result<Samples> {
+pub fn churn(bench: &Bench, nodes: u32) -> Result<Samples> {
     let ops = bench.settings.churn_ops.min(nodes - 1);
     // The joining nodes come from a larger generated cluster, so they are
     // addressed exactly as the others.

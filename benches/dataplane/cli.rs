@@ -37,6 +37,9 @@ pub enum Scenario {
     /// DataplaneInSync, nothing right at a kill touched (root; not part of
     /// the default set).
     Crashloop,
+    /// Cold start, lone-update p99, resync and RSS from 1,000 to 100,000
+    /// nodes, vxmgr beside the kernel's own cost, drawn into a PNG (root).
+    Growth,
 }
 
 impl Scenario {
@@ -53,6 +56,7 @@ impl Scenario {
                 | Scenario::Kube
                 | Scenario::Firewall
                 | Scenario::Crashloop
+                | Scenario::Growth
         )
     }
 }
@@ -137,6 +141,13 @@ pub struct Cli {
     /// Nodes of crashloop's world [default: 5000].
     #[arg(long, value_parser = nodes())]
     pub crash_nodes: Option<u32>,
+    /// Cluster sizes for growth [default: 1000,2000,5000,10000,20000,50000,100000;
+    /// --quick: 1000,5000].
+    #[arg(long, value_delimiter = ',', value_parser = nodes())]
+    pub growth_sizes: Option<Vec<u32>>,
+    /// Where growth writes its plot.
+    #[arg(long, default_value = "target/growth.png")]
+    pub growth_plot: std::path::PathBuf,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     pub bench: bool,
@@ -163,6 +174,8 @@ pub struct Settings {
     pub kube_burst: u32,
     pub kills: u32,
     pub crash_nodes: u32,
+    pub growth_sizes: Vec<u32>,
+    pub growth_plot: std::path::PathBuf,
 }
 
 impl Cli {
@@ -217,6 +230,12 @@ impl Cli {
             kube_burst: pick(self.kube_burst, 600, 100),
             kills: pick(self.kills, 200, 20),
             crash_nodes: self.crash_nodes.unwrap_or(5000),
+            growth_sizes: self.growth_sizes.clone().unwrap_or(if self.quick {
+                vec![1000, 5000]
+            } else {
+                vec![1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000]
+            }),
+            growth_plot: self.growth_plot.clone(),
         }
     }
 }

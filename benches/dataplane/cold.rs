@@ -65,6 +65,25 @@ pub fn run(bench: &Bench) -> Result<()> {
     Ok(())
 }
 
+/// The figures the growth scenario plots for one size.
+pub struct Figures {
+    pub jsonl: Duration,
+    pub framed: Duration,
+    pub ip: Duration,
+}
+
+pub fn figures(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Figures> {
+    let messages = bench.clusters.messages(nodes)?;
+    let view = View::of(&messages)?;
+    let vxmgr = vxmgrd_build(bench, messages, &[])?;
+    let ip = iproute_build(scripts, &view, Routing::Nexthops)?;
+    Ok(Figures {
+        jsonl: vxmgr.time,
+        framed: vxmgr.time,
+        ip: ip.time,
+    })
+}
+
 /// Every build of one size, each in a fresh namespace.
 fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Row> {
     let messages = bench.clusters.messages(nodes)?;

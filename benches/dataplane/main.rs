@@ -15,11 +15,13 @@ mod crashloop;
 mod daemon;
 mod firewall;
 mod flannel;
+mod growth;
 mod ingest;
 mod inprocess;
 mod iproute;
 mod kube;
 mod netns;
+mod plot;
 mod report;
 mod resync;
 mod rss;
@@ -85,6 +87,7 @@ fn main() -> ExitCode {
             Scenario::Kube => kube::run(&bench),
             Scenario::Firewall => firewall::run(&bench),
             Scenario::Crashloop => crashloop::run(&bench),
+            Scenario::Growth => growth::run(&bench),
         };
         match result {
             Ok(()) => eprintln!(

@@ -25,19 +25,25 @@ struct Measured {
     allocated_bytes: u64,
 }
 
-struct Figures {
+pub struct Figures {
     resync: Measured,
     dump: Measured,
     state: KernelState,
 }
 
+impl Figures {
+    pub fn resync_median(&self) -> Duration {
+        median(&self.resync.times)
+    }
+
+    pub fn dump_median(&self) -> Duration {
+        median(&self.dump.times)
+    }
+}
+
 pub fn run(bench: &Bench) -> Result<()> {
     let nodes = bench.settings.resync_nodes;
-    let runs = bench.settings.resync_runs;
-    let messages = bench.clusters.messages(nodes)?;
-    let netns = Netns::with_underlay()?;
-    eprintln!("resync: programming {nodes} nodes in-process");
-    let figures = netns.run_inside(move || measure(messages, runs))?;
+    let figures = measure_nodes(bench, nodes)?;
     let state = &figures.state;
     let mut table = Table::new(
         format!(
@@ -79,6 +85,16 @@ pub fn run(bench: &Bench) -> Result<()> {
     table.print();
     println!("  operations: the most any timed resync attempted; allocations: one further run.");
     Ok(())
+}
+
+/// Programs `nodes` into a fresh namespace in-process, then times resyncs
+/// and dumps.
+pub fn measure_nodes(bench: &Bench, nodes: u32) -> Result<Figures> {
+    let runs = bench.settings.resync_runs;
+    let messages = bench.clusters.messages(nodes)?;
+    let netns = Netns::with_underlay()?;
+    eprintln!("resync: programming {nodes} nodes in-process");
+    netns.run_inside(move || measure(messages, runs))
 }
 
 /// Inside the namespace: programs the cluster, then times resyncs and

@@ -45,6 +45,21 @@ fn daemons(bench: &Bench) -> Result<()> {
     Ok(())
 }
 
+/// vxmgrd's VmRSS at one size, netlink kernel: the figures growth plots.
+pub struct Figures {
+    pub converged: u64,
+    pub resynced: Option<u64>,
+}
+
+pub fn daemon_figures(bench: &Bench, nodes: u32) -> Result<Figures> {
+    let netns = Netns::with_underlay()?;
+    let daemon = Vxmgrd::netlink(&netns, &[])?;
+    Ok(Figures {
+        converged: converged_rss(bench, nodes, daemon)?,
+        resynced: None,
+    })
+}
+
 /// Streams the cluster into `daemon` and reads its VmRSS.
 fn converged_rss(bench: &Bench, nodes: u32, daemon: Vxmgrd) -> Result<u64> {
     let messages = bench.clusters.messages(nodes)?;
