@@ -29,10 +29,15 @@ enum Command {
     /// Stream replay files to vxmgrd and print every BatchStatus as a JSON line.
     ///
     /// Messages are sent as they are, numbers included; the daemon numbers
-    /// those that carry none after their predecessor. Exits 0 when every batch
-    /// was OK, 1 when a message was rejected, a kernel operation failed or
-    /// the state differs from --expect, 2 when a file cannot be read or the
-    /// daemon cannot be reached.
+    /// those that carry none after their predecessor. Each message is sent
+    /// as soon as it is read, while the rest of the files are read. A line or
+    /// frame that does not read stops the replay there: the messages before
+    /// it have been sent and their statuses are printed, nothing from it on
+    /// is sent, and calc-stub exits 2 naming the file and line (or byte
+    /// offset). Exits 0 when every batch was OK, 1 when a message was
+    /// rejected, a kernel operation failed or the state differs from
+    /// --expect, 2 when a file cannot be read or the daemon cannot be
+    /// reached.
     Replay(replay::ReplayArgs),
     /// Write a synthetic cluster, as one node sees it, as JSON lines.
     Generate(generate::GenerateArgs),

@@ -5,14 +5,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::StubError;
 use vxmgr::client::SyncError;
+use vxmgr::wire::json;
+use vxmgr::wire::replay::{MessageBytes, ReplayError};
 use vxmgr::wire::vxmgr::v1::{BatchResult, BatchStatus, GetStateRequest, sync_response};
-use vxmgr::wire::{json, replay};
 
 #[derive(clap::Args)]
 pub struct ReplayArgs {
@@ -43,99 +44,101 @@ pub struct ReplayArgs {
 /// How long the daemon gets to end the stream after the last status.
 const CLOSE_GRACE: Duration = Duration::from_secs(5);
 
+/// Messages read ahead of the stream.
+const READ_AHEAD: usize = 1024;
+
 pub async fn run(args: ReplayArgs) -> Result<bool, StubError> {
-    // Sent as they are, byte for byte: the daemon numbers messages that
-    // carry no number.
-    let mut messages: Vec<Bytes> = Vec::new();
-    for file in &args.files {
-        messages.extend(replay::read_file_bytes(file)?);
-    }
-    let total = messages.len() as u64;
+    let (tx, rx) = mpsc::channel(READ_AHEAD);
+    // How many messages the statuses so far covered, for --step. Counted
+    // rather than compared by number: files may number their messages in
+    // any way.
+    let (covered_tx, covered_rx) = args.step.then(std::sync::mpsc::channel::<u64>).unzip();
+    let mut read_done = spawn_reader(args.files.clone(), tx, covered_rx);
     let unreachable = |source| StubError::Connect {
         socket: args.socket.clone(),
         source,
     };
-    let (tx, rx) = mpsc::channel(1024);
-    let mut responses = vxmgr::client::sync_bytes(&args.socket, ReceiverStream::new(rx))
-        .await
-        .map_err(|e| match e {
-            SyncError::Connect(source) => unreachable(source),
-            SyncError::Rpc(status) => StubError::Rpc(status),
-        })?;
-
-    let step = args.step;
-    // How many messages the statuses so far covered. Counted rather than
-    // compared by number: files may number their messages in any way.
-    let (covered_tx, mut covered_rx) = mpsc::unbounded_channel::<u64>();
-    let sender = tokio::spawn(async move {
-        for (sent, msg) in (1..).zip(messages) {
-            if tx.send(msg).await.is_err() {
-                return;
+    let connected = vxmgr::client::sync_bytes(&args.socket, ReceiverStream::new(rx)).await;
+    let mut responses = match connected {
+        Ok(responses) => responses,
+        Err(SyncError::Connect(source)) => {
+            // A file that does not read says more than a daemon that cannot
+            // be reached. The stream was dropped unopened, so the reader
+            // checks the files to the end without waiting.
+            if let Ok(ReadOutcome { error: Some(e), .. }) = read_done.await {
+                return Err(e.into());
             }
-            if step {
-                while let Some(covered) = covered_rx.recv().await {
-                    if covered >= sent {
-                        break;
-                    }
-                }
-            }
+            return Err(unreachable(source));
         }
-        // Keep the stream open until the last status is in: closing it
-        // early would end the daemon's stream before it reports.
-        while covered_rx.recv().await.is_some() {}
-        drop(tx);
-    });
+        Err(SyncError::Rpc(status)) => return Err(StubError::Rpc(status)),
+    };
 
     let mut all_ok = true;
     // Statuses go to stdout until it closes (say, piped into head).
     let mut stdout = Some(std::io::stdout());
     let mut covered = 0;
+    let mut read = None;
     let wait = async {
-        if total == 0 {
-            return Ok(());
-        }
-        while let Some(response) = responses.next().await {
-            let payload = response?.payload;
-            match payload {
-                Some(sync_response::Payload::BatchStatus(status)) => {
-                    if let Some(out) = &mut stdout
-                        && writeln!(out, "{}", json::to_line(&status)).is_err()
-                    {
-                        stdout = None;
-                    }
-                    all_ok &= is_ok(&status);
-                    covered += u64::from(status.message_count);
-                    let _ = covered_tx.send(covered);
-                    if covered >= total {
-                        return Ok(());
+        loop {
+            if let Some(outcome) = read.take_if(|o: &mut ReadOutcome| covered >= o.sent) {
+                return Ok(outcome);
+            }
+            tokio::select! {
+                outcome = &mut read_done, if read.is_none() => {
+                    read = Some(outcome.map_err(|_| {
+                        StubError::Other("the reader of the files stopped".into())
+                    })?);
+                }
+                response = responses.next() => {
+                    let Some(response) = response else {
+                        return Err(StubError::Other(
+                            "the daemon ended the stream before reporting every message".into(),
+                        ));
+                    };
+                    match response?.payload {
+                        Some(sync_response::Payload::BatchStatus(status)) => {
+                            if let Some(out) = &mut stdout
+                                && writeln!(out, "{}", json::to_line(&status)).is_err()
+                            {
+                                stdout = None;
+                            }
+                            all_ok &= is_ok(&status);
+                            covered += u64::from(status.message_count);
+                            if let Some(covered_tx) = &covered_tx {
+                                let _ = covered_tx.send(covered);
+                            }
+                        }
+                        Some(sync_response::Payload::DataplaneInSync(_)) => {
+                            eprintln!("calc-stub: dataplane in sync");
+                        }
+                        Some(sync_response::Payload::Heartbeat(_)) | None => {}
                     }
                 }
-                Some(sync_response::Payload::DataplaneInSync(_)) => {
-                    eprintln!("calc-stub: dataplane in sync");
-                }
-                Some(sync_response::Payload::Heartbeat(_)) | None => {}
             }
         }
-        Err(StubError::Other(
-            "the daemon ended the stream before reporting every message".into(),
-        ))
     };
-    tokio::time::timeout(args.timeout, wait)
+    let outcome = tokio::time::timeout(args.timeout, wait)
         .await
         .map_err(|_| {
             StubError::Other(format!(
-                "timed out after {} waiting for the batches covering all {total} messages",
+                "timed out after {} waiting for the batches covering every message",
                 humantime::format_duration(args.timeout)
             ))
         })??;
+    // Our side closes only now: closing it before the last status is in
+    // would end the daemon's stream before it reports.
+    drop(outcome.stream);
     drop(covered_tx);
-    let _ = sender.await;
-    // Our side is closed: let the daemon end the stream, so it sees a clean
-    // close rather than a dropped connection.
+    // Let the daemon end the stream, so it sees a clean close rather than a
+    // dropped connection.
     let _ = tokio::time::timeout(CLOSE_GRACE, async {
         while let Ok(Some(_)) = responses.message().await {}
     })
     .await;
+    // The messages before a malformed one were sent and reported.
+    if let Some(e) = outcome.error {
+        return Err(e.into());
+    }
 
     if args.expect.is_none() && args.save_state.is_none() {
         return Ok(all_ok);
@@ -182,4 +185,55 @@ fn comparable_state(mut state: serde_json::Value) -> serde_json::Value {
         map.remove("lastBatch");
     }
     state
+}
+
+/// How reading the files ended.
+struct ReadOutcome {
+    /// Messages handed to the stream.
+    sent: u64,
+    /// The first file, line or frame that does not read: nothing from it on
+    /// was sent.
+    error: Option<ReplayError>,
+    /// The stream's sending side, kept open until the last status is in.
+    stream: mpsc::Sender<Bytes>,
+}
+
+/// Reads the files on a thread of its own and hands each message to
+/// `stream` as soon as it is read, so the daemon works while the rest is
+/// parsed. With `covered` (--step), waits after each message until the
+/// statuses cover it. Once the stream is gone the files are still read to
+/// the end, for their errors.
+fn spawn_reader(
+    files: Vec<PathBuf>,
+    stream: mpsc::Sender<Bytes>,
+    covered: Option<std::sync::mpsc::Receiver<u64>>,
+) -> oneshot::Receiver<ReadOutcome> {
+    let (done, outcome) = oneshot::channel();
+    std::thread::spawn(move || {
+        let mut sent = 0;
+        let mut open = true;
+        let mut read = || -> Result<(), ReplayError> {
+            for file in &files {
+                for msg in MessageBytes::open(file)? {
+                    let msg = msg?;
+                    open = open && stream.blocking_send(msg).is_ok();
+                    if !open {
+                        continue;
+                    }
+                    sent += 1;
+                    if let Some(covered) = &covered {
+                        while covered.recv().is_ok_and(|c| c < sent) {}
+                    }
+                }
+            }
+            Ok(())
+        };
+        let error = read().err();
+        let _ = done.send(ReadOutcome {
+            sent,
+            error,
+            stream,
+        });
+    });
+    outcome
 }

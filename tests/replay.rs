@@ -149,6 +149,43 @@ fn a_bad_json_line_exits_2_naming_file_and_line() {
     assert_exit_2(&output, &format!("{}:2: ", bad.display()));
 }
 
+/// Messages are sent while the file is read: a bad line mid-file stops the
+/// replay there, after the statuses of the messages before it, and nothing
+/// after it reaches the daemon.
+#[tokio::test]
+async fn a_bad_line_mid_file_sends_what_came_before_and_nothing_after() {
+    let daemon = Daemon::memory(&[]);
+    let vtep = |node: &str, i: u8| {
+        format!(
+            r#"{{"vtepUpdate": {{"node": "{node}", "mac": "66:aa:00:00:00:0{i}", "ipv4Addr": "10.244.{i}.0", "parentDeviceIp": "192.168.10.{i}"}}}}"#
+        )
+    };
+    let (a, b, c) = (vtep("node-a", 1), vtep("node-b", 2), vtep("node-c", 3));
+    let bad = replay_file(
+        daemon.dir.path(),
+        "bad.jsonl",
+        &[
+            &a,
+            &b,
+            r#"{"vtepUpdate": {"node": "#,
+            &c,
+            r#"{"inSync": {}}"#,
+        ],
+    );
+    let output = daemon.replay(&[bad.to_str().unwrap()]);
+    assert_exit_2(&output, &format!("{}:3: ", bad.display()));
+    let covered: u64 = statuses(&output)
+        .iter()
+        .map(|s| s["messageCount"].as_u64().expect("a count"))
+        .sum();
+    assert_eq!(covered, 2, "{}", stderr(&output));
+    let state = daemon.state().await;
+    let ipv4 = state.ipv4.expect("IPv4 state");
+    let remotes: Vec<&str> = ipv4.remote_vteps.iter().map(|v| v.node.as_str()).collect();
+    assert_eq!(remotes, ["node-b"]);
+    assert!(!state.in_sync);
+}
+
 #[test]
 fn no_daemon_on_the_socket_exits_2_naming_it() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,16 +3,16 @@
 //! needs.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use tempfile::TempDir;
 
-use crate::testbed::churn::generate;
+use crate::testbed::churn::generate_file;
 use vxmgr::wire::felix::{
     RouteType, ToDataplane, VxlanTunnelEndpointUpdate, to_dataplane::Payload,
 };
-use vxmgr::wire::replay::read_file;
+use vxmgr::wire::replay::{ReplayFormat, read_file};
 
 pub const CALC_STUB: &str = env!("CARGO_BIN_EXE_calc-stub");
 pub const BLOCKS_PER_NODE: u32 = 4;
@@ -33,18 +33,29 @@ impl Clusters {
     /// node-0's view of `nodes` nodes, in the order the calc graph sends it:
     /// config, every VTEP, every block and tunnel address, InSync.
     pub fn messages(&self, nodes: u32) -> Result<Vec<ToDataplane>> {
-        let path = self.dir.path().join(format!("cluster-{nodes}.bin"));
-        if path.exists() {
-            return read_file(&path).with_context(|| format!("reading {}", path.display()));
+        let path = self.file(nodes, ReplayFormat::Framed)?;
+        read_file(&path).with_context(|| format!("reading {}", path.display()))
+    }
+
+    /// The file of node-0's view of `nodes` nodes in `format`, generated
+    /// on first use.
+    pub fn file(&self, nodes: u32, format: ReplayFormat) -> Result<PathBuf> {
+        let extension = match format {
+            ReplayFormat::Jsonl => "jsonl",
+            ReplayFormat::Framed => "bin",
+        };
+        let path = self.dir.path().join(format!("cluster-{nodes}.{extension}"));
+        if !path.exists() {
+            generate_file(
+                Path::new(CALC_STUB),
+                &path,
+                nodes,
+                BLOCKS_PER_NODE,
+                LOCAL_NODE,
+                false,
+            )?;
         }
-        Ok(generate(
-            Path::new(CALC_STUB),
-            &path,
-            nodes,
-            BLOCKS_PER_NODE,
-            LOCAL_NODE,
-            false,
-        )?)
+        Ok(path)
     }
 }
 

@@ -1,15 +1,19 @@
 //! cold: node-0 programs a whole cluster into a fresh namespace, vxmgrd
-//! (with and without nexthop objects) against iproute2 batch files.
+//! (with and without nexthop objects; fed in-process, or by the calc-stub
+//! binary replaying a file as a user would) against iproute2 batch files.
 
+use std::io::{BufRead, BufReader, Read, Seek};
 use std::path::Path;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{Context, Result, bail};
 
 use vxmgr::wire::felix::ToDataplane;
+use vxmgr::wire::replay::ReplayFormat;
 
 use crate::Bench;
-use crate::cluster::View;
+use crate::cluster::{CALC_STUB, View};
 use crate::daemon::Vxmgrd;
 use crate::iproute::{Routing, Scripts};
 use crate::netns::Netns;
@@ -29,6 +33,9 @@ struct Build {
 struct Row {
     nodes: u32,
     vxmgr: Build,
+    /// `calc-stub replay` of the JSON lines file, and of the Felix-framed one.
+    jsonl: Build,
+    framed: Build,
     vxmgr_inline: Option<Build>,
     ip_nexthop: Build,
     ip_inline: Option<Build>,
@@ -41,13 +48,16 @@ pub fn run(bench: &Bench) -> Result<()> {
             "nodes",
             "routes",
             "vxmgr",
-            "vxmgr inline",
+            "jsonl",
+            "framed",
             "ip nexthop",
+            "vxmgr/ip",
+            "jsonl/ip",
+            "framed/ip",
+            "vxmgr inline",
             "ip inline",
-            "vxmgr/ip nexthop",
-            "ip inline/vxmgr",
-            "vxmgr inline/ip inline",
-            "vxmgr statuses",
+            "inline/ip inline",
+            "statuses",
         ],
     );
     let scripts = tempfile::tempdir()?;
@@ -58,9 +68,12 @@ pub fn run(bench: &Bench) -> Result<()> {
     }
     table.print();
     println!(
-        "  vxmgr: first message sent → status covering InSync (default flags); \
-         vxmgr inline: --nexthop-objects off.\n  ip: ip -batch + bridge -batch + ipset restore, \
-         with nexthop objects or inline gateways."
+        "  vxmgr: first message sent in-process → status covering InSync (default flags); \
+         vxmgr inline: the same with --nexthop-objects off.\n  \
+         jsonl, framed: `calc-stub replay` of a .jsonl / Felix-framed file started → \
+         it prints the status covering InSync (default flags).\n  \
+         ip (nexthop): ip -batch + bridge -batch + ipset restore, with nexthop objects \
+         (ip inline: inline gateways); ratios against ip nexthop."
     );
     Ok(())
 }
@@ -95,9 +108,14 @@ fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Row> {
         }
         result
     };
+    let total = messages.len() as u64;
+    let replay =
+        |format| -> Result<Build> { calc_stub_build(&bench.clusters.file(nodes, format)?, total) };
     Ok(Row {
         nodes,
         vxmgr: build("vxmgr", vxmgrd_build(bench, messages.clone(), &[]))?,
+        jsonl: build("calc-stub jsonl", replay(ReplayFormat::Jsonl))?,
+        framed: build("calc-stub framed", replay(ReplayFormat::Framed))?,
         vxmgr_inline: inline
             .then(|| {
                 let off = ["--nexthop-objects", "off"];
@@ -117,22 +135,29 @@ fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Row> {
 impl Row {
     fn cells(&self) -> Vec<String> {
         let time = |b: &Option<Build>| b.as_ref().map_or_else(skipped, |b| secs(b.time));
-        let all_ok = [Some(&self.vxmgr), self.vxmgr_inline.as_ref()]
-            .into_iter()
-            .flatten()
-            .all(|b| b.all_ok == Some(true));
+        let all_ok = [
+            Some(&self.vxmgr),
+            Some(&self.jsonl),
+            Some(&self.framed),
+            self.vxmgr_inline.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
+        .all(|b| b.all_ok == Some(true));
         let inline = self.vxmgr_inline.as_ref().zip(self.ip_inline.as_ref());
+        let against_ip = |b: &Build| ratio(b.time, self.ip_nexthop.time);
         vec![
             self.nodes.to_string(),
             self.ip_nexthop.routes.to_string(),
             secs(self.vxmgr.time),
-            time(&self.vxmgr_inline),
+            secs(self.jsonl.time),
+            secs(self.framed.time),
             secs(self.ip_nexthop.time),
+            against_ip(&self.vxmgr),
+            against_ip(&self.jsonl),
+            against_ip(&self.framed),
+            time(&self.vxmgr_inline),
             time(&self.ip_inline),
-            ratio(self.vxmgr.time, self.ip_nexthop.time),
-            self.ip_inline
-                .as_ref()
-                .map_or_else(skipped, |b| ratio(b.time, self.vxmgr.time)),
             inline.map_or_else(skipped, |(v, ip)| ratio(v.time, ip.time)),
             if all_ok { "all OK" } else { "NOT all OK" }.into(),
         ]
@@ -142,6 +167,8 @@ impl Row {
     fn warn_if_different(&self) {
         let builds = [
             ("vxmgr", Some(&self.vxmgr)),
+            ("calc-stub jsonl", Some(&self.jsonl)),
+            ("calc-stub framed", Some(&self.framed)),
             ("vxmgr inline", self.vxmgr_inline.as_ref()),
             ("ip inline", self.ip_inline.as_ref()),
         ];
@@ -171,6 +198,64 @@ fn vxmgrd_build(bench: &Bench, messages: Vec<ToDataplane>, extra: &[&str]) -> Re
         routes: kernel_routes(&netns)?,
         all_ok: Some(delivery.all_ok()),
     })
+}
+
+/// vxmgrd in a fresh namespace fed by `calc-stub replay FILE`: the time
+/// from spawning calc-stub to its printing the status whose cumulative
+/// message count covers all `total` messages.
+fn calc_stub_build(file: &Path, total: u64) -> Result<Build> {
+    let netns = Netns::with_underlay()?;
+    let daemon = Vxmgrd::netlink(&netns, &[])?;
+    let mut stderr = tempfile::tempfile()?;
+    let started = Instant::now();
+    let mut child = Command::new(CALC_STUB)
+        .arg("replay")
+        .arg("--socket")
+        .arg(daemon.socket())
+        .arg(file)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(stderr.try_clone()?)
+        .spawn()
+        .with_context(|| format!("starting {CALC_STUB}"))?;
+    let stdout = child.stdout.take().context("calc-stub's stdout")?;
+    let covered = covering_status(stdout, total, started);
+    if covered.is_err() {
+        let _ = child.kill();
+    }
+    let exit = child.wait()?;
+    let (time, all_ok) = covered.with_context(|| {
+        let mut said = String::new();
+        let _ = stderr.rewind();
+        let _ = stderr.read_to_string(&mut said);
+        format!(
+            "calc-stub replay {} ({exit}): {}",
+            file.display(),
+            said.trim()
+        )
+    })?;
+    Ok(Build {
+        time,
+        routes: kernel_routes(&netns)?,
+        all_ok: Some(all_ok && exit.success()),
+    })
+}
+
+/// Reads calc-stub's statuses (one JSON BatchStatus a line) until they
+/// cover `total` messages: the time since `started`, and whether every
+/// status was OK.
+fn covering_status(stdout: impl Read, total: u64, started: Instant) -> Result<(Duration, bool)> {
+    let mut covered = 0;
+    let mut all_ok = true;
+    for line in BufReader::new(stdout).lines() {
+        let status: serde_json::Value = serde_json::from_str(&line?)?;
+        covered += status["messageCount"].as_u64().unwrap_or(0);
+        all_ok &= status["result"] == "BATCH_RESULT_OK";
+        if covered >= total {
+            return Ok((started.elapsed(), all_ok));
+        }
+    }
+    bail!("its statuses covered {covered} of {total} messages")
 }
 
 /// The same end state with iproute2 in a fresh namespace.

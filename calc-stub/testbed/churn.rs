@@ -43,6 +43,20 @@ pub fn generate(
     local: &str,
     ipv6: bool,
 ) -> Result<Vec<ToDataplane>> {
+    generate_file(calc_stub, out, nodes, blocks_per_node, local, ipv6)?;
+    read_file(out).map_err(|e| TestbedError::Churn(e.to_string()))
+}
+
+/// `calc-stub generate` written to `out` (JSON lines for `.jsonl`, Felix
+/// framing otherwise), as `generate` but not read back.
+pub fn generate_file(
+    calc_stub: &Path,
+    out: &Path,
+    nodes: u32,
+    blocks_per_node: u32,
+    local: &str,
+    ipv6: bool,
+) -> Result<()> {
     let (nodes, blocks) = (nodes.to_string(), blocks_per_node.to_string());
     let mut args = vec![
         "generate",
@@ -60,7 +74,7 @@ pub fn generate(
     args.extend(["-o", &out_arg]);
     let calc_stub = calc_stub.to_string_lossy();
     run(&[&[calc_stub.as_ref()], args.as_slice()].concat())?;
-    read_file(out).map_err(|e| TestbedError::Churn(e.to_string()))
+    Ok(())
 }
 
 /// The node a VTEP or route message is about.

@@ -42,6 +42,16 @@ pub fn to_line<M: Message + Name>(msg: &M) -> String {
 /// Parses proto3 JSON; snake_case names are accepted too, unknown fields
 /// are skipped.
 pub fn from_str<M: Message + Name + Default>(text: &str) -> Result<M, JsonError> {
+    Ok(parse::<M>(text)?.transcode_to::<M>()?)
+}
+
+/// Parses proto3 JSON of an `M` (as `from_str`) straight to its protobuf
+/// encoding, for a message that is only to be sent.
+pub fn to_bytes<M: Name>(text: &str) -> Result<Vec<u8>, JsonError> {
+    Ok(parse::<M>(text)?.encode_to_vec())
+}
+
+fn parse<M: Name>(text: &str) -> Result<DynamicMessage, JsonError> {
     let mut de = serde_json::Deserializer::from_str(text);
     let dynamic = DynamicMessage::deserialize_with_options(
         descriptor::<M>(),
@@ -49,7 +59,7 @@ pub fn from_str<M: Message + Name + Default>(text: &str) -> Result<M, JsonError>
         &DeserializeOptions::new().deny_unknown_fields(false),
     )?;
     de.end()?;
-    Ok(dynamic.transcode_to::<M>()?)
+    Ok(dynamic)
 }
 
 #[cfg(test)]

@@ -60,20 +60,86 @@ pub fn read_file(path: &Path) -> Result<Vec<ToDataplane>, ReplayError> {
     read(path, ReplayFormat::for_path(path), open(path)?)
 }
 
-/// Every message of a replay file as bytes to send: a Felix-framed file's
-/// frames as they are (unknown fields and kinds, and messages that do not
-/// decode, included), a JSON lines file's messages encoded.
+/// Every message of a replay file as bytes to send (see `MessageBytes`).
 pub fn read_file_bytes(path: &Path) -> Result<Vec<Bytes>, ReplayError> {
-    let reader = open(path)?;
-    match ReplayFormat::for_path(path) {
-        ReplayFormat::Jsonl => Ok(read_jsonl(path, reader)?
-            .iter()
-            .map(|m| m.encode_to_vec().into())
-            .collect()),
-        ReplayFormat::Framed => Ok(read_frames(path, reader)?
-            .into_iter()
-            .map(|(_, body)| body.into())
-            .collect()),
+    MessageBytes::open(path)?.collect()
+}
+
+/// A replay file's messages as bytes to send, read one at a time, so that
+/// they can be sent while the rest of the file is read: a Felix-framed
+/// file's frames as they are (unknown fields and kinds, and messages that
+/// do not decode, included), a JSON lines file's messages encoded. The
+/// first error ends it.
+pub struct MessageBytes {
+    path: PathBuf,
+    source: Source,
+    failed: bool,
+}
+
+enum Source {
+    Jsonl {
+        lines: io::Lines<BufReader<File>>,
+        /// The number of the line read last.
+        line: usize,
+    },
+    Framed(FrameReader<BufReader<File>>),
+}
+
+/// Read buffer of a replay file: large reads, as the files run to tens of
+/// megabytes.
+const READ_BUFFER: usize = 1 << 20;
+
+impl MessageBytes {
+    pub fn open(path: &Path) -> Result<MessageBytes, ReplayError> {
+        let reader = open(path)?;
+        let source = match ReplayFormat::for_path(path) {
+            ReplayFormat::Jsonl => Source::Jsonl {
+                lines: reader.lines(),
+                line: 0,
+            },
+            ReplayFormat::Framed => Source::Framed(FrameReader::new(reader, MAX_MESSAGE_BYTES)),
+        };
+        Ok(MessageBytes {
+            path: path.to_path_buf(),
+            source,
+            failed: false,
+        })
+    }
+
+    fn next_message(&mut self) -> Result<Option<Bytes>, ReplayError> {
+        match &mut self.source {
+            Source::Jsonl { lines, line } => {
+                for text in lines {
+                    *line += 1;
+                    let text = text.map_err(|source| ReplayError::Io {
+                        path: self.path.clone(),
+                        source,
+                    })?;
+                    if let Some(msg) =
+                        jsonl_message(&self.path, *line, &text, json::to_bytes::<ToDataplane>)?
+                    {
+                        return Ok(Some(msg.into()));
+                    }
+                }
+                Ok(None)
+            }
+            Source::Framed(reader) => {
+                Ok(next_frame(&self.path, reader)?.map(|(_, body)| body.into()))
+            }
+        }
+    }
+}
+
+impl Iterator for MessageBytes {
+    type Item = Result<Bytes, ReplayError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let next = self.next_message().transpose();
+        self.failed = matches!(next, Some(Err(_)));
+        next
     }
 }
 
@@ -82,7 +148,7 @@ fn open(path: &Path) -> Result<BufReader<File>, ReplayError> {
         path: path.to_path_buf(),
         source,
     })?;
-    Ok(BufReader::new(file))
+    Ok(BufReader::with_capacity(READ_BUFFER, file))
 }
 
 /// Reads every message from `reader`; errors name `path`.
@@ -113,42 +179,59 @@ fn read_jsonl(path: &Path, reader: impl BufRead) -> Result<Vec<ToDataplane>, Rep
             path: path.to_path_buf(),
             source,
         })?;
-        let text = line.trim();
-        if text.is_empty() || text.starts_with('#') {
-            continue;
-        }
-        let msg = json::from_str(text).map_err(|e| ReplayError::Json {
-            path: path.to_path_buf(),
-            line: index + 1,
-            message: e.to_string(),
-        })?;
-        messages.push(msg);
+        messages.extend(jsonl_message(path, index + 1, &line, json::from_str)?);
     }
     Ok(messages)
+}
+
+/// The message on line `number` of a JSON lines file, made by `parse`;
+/// `None` for a blank line or a comment.
+fn jsonl_message<T>(
+    path: &Path,
+    number: usize,
+    line: &str,
+    parse: impl FnOnce(&str) -> Result<T, json::JsonError>,
+) -> Result<Option<T>, ReplayError> {
+    let text = line.trim();
+    if text.is_empty() || text.starts_with('#') {
+        return Ok(None);
+    }
+    parse(text).map(Some).map_err(|e| ReplayError::Json {
+        path: path.to_path_buf(),
+        line: number,
+        message: e.to_string(),
+    })
 }
 
 /// Every frame's body with its offset in the file.
 fn read_frames(path: &Path, reader: impl Read) -> Result<Vec<(u64, Vec<u8>)>, ReplayError> {
     let mut frames = Vec::new();
     let mut reader = FrameReader::new(reader, MAX_MESSAGE_BYTES);
-    loop {
-        let offset = reader.offset();
-        let frame = reader.next_frame().map_err(|source| ReplayError::Frame {
+    while let Some(frame) = next_frame(path, &mut reader)? {
+        frames.push(frame);
+    }
+    Ok(frames)
+}
+
+/// The next frame's body with its offset in the file; `None` at the end.
+fn next_frame(
+    path: &Path,
+    reader: &mut FrameReader<impl Read>,
+) -> Result<Option<(u64, Vec<u8>)>, ReplayError> {
+    let offset = reader.offset();
+    let frame = reader.next_frame().map_err(|source| ReplayError::Frame {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    match frame {
+        None => Ok(None),
+        Some(Frame::Whole(body)) => Ok(Some((offset, body))),
+        // The daemon would refuse it.
+        Some(Frame::Oversized(len)) => Err(ReplayError::TooLarge {
             path: path.to_path_buf(),
-            source,
-        })?;
-        match frame {
-            None => return Ok(frames),
-            Some(Frame::Whole(body)) => frames.push((offset, body)),
-            // The daemon would refuse it.
-            Some(Frame::Oversized(len)) => {
-                return Err(ReplayError::TooLarge {
-                    path: path.to_path_buf(),
-                    offset,
-                    len,
-                });
-            }
-        }
+            offset,
+            len,
+        }),
     }
 }
 
