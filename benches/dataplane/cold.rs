@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 
 use vxmgr::wire::felix::ToDataplane;
 use vxmgr::wire::replay::ReplayFormat;
@@ -85,15 +85,25 @@ pub struct Figures {
     pub ip: Duration,
 }
 
+/// The builds growth plots: the calc-stub binary replaying each file, and
+/// ip with nexthop objects.
 pub fn figures(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Figures> {
     let messages = bench.clusters.messages(nodes)?;
     let view = View::of(&messages)?;
-    let vxmgr = vxmgrd_build(bench, messages, &[])?;
-    let ip = iproute_build(scripts, &view, Routing::Nexthops)?;
+    let total = messages.len() as u64;
+    drop(messages);
+    let replay = |format| -> Result<Build> {
+        let build = calc_stub_build(&bench.clusters.file(nodes, format)?, total)?;
+        ensure!(
+            build.all_ok == Some(true),
+            "{nodes} nodes, {format:?}: not every status was OK"
+        );
+        Ok(build)
+    };
     Ok(Figures {
-        jsonl: vxmgr.time,
-        framed: vxmgr.time,
-        ip: ip.time,
+        jsonl: replay(ReplayFormat::Jsonl)?.time,
+        framed: replay(ReplayFormat::Framed)?.time,
+        ip: iproute_build(scripts, &view, Routing::Nexthops)?.time,
     })
 }
 
