@@ -90,6 +90,17 @@ impl Vxmgrd {
         )
     }
 
+    /// RssAnon and RssFile.
+    pub fn resident(&self) -> Result<Resident> {
+        let status = Path::new("/proc")
+            .join(self.child.id().to_string())
+            .join("status");
+        Ok(Resident {
+            anon: status_bytes(&status, "RssAnon")?,
+            file: status_bytes(&status, "RssFile")?,
+        })
+    }
+
     /// VmRSS once it holds still: after the last status the daemon still
     /// takes in the kernel's echoes of the last batch and hands back what
     /// they freed. Read every 100 ms until three readings in a row agree
@@ -111,13 +122,27 @@ impl Vxmgrd {
 }
 
 fn vm_rss(status: &Path) -> Result<u64> {
+    status_bytes(status, "VmRSS")
+}
+
+/// One `kB` field of /proc/PID/status, in bytes.
+fn status_bytes(status: &Path, field: &str) -> Result<u64> {
     let text = std::fs::read_to_string(status)?;
     let kib = text
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .with_context(|| format!("no VmRSS in {}", status.display()))?;
+        .with_context(|| format!("no {field} in {}", status.display()))?;
     Ok(kib * 1024)
+}
+
+/// Resident memory split by what backs it.
+#[derive(Clone, Copy, Debug)]
+pub struct Resident {
+    /// Heap, stacks: anonymous pages.
+    pub anon: u64,
+    /// The binary's and libraries' pages.
+    pub file: u64,
 }
 
 impl Drop for Vxmgrd {

@@ -9,7 +9,7 @@ use anyhow::Result;
 
 use crate::Bench;
 use crate::plot::{Panel, Series};
-use crate::report::{Table, mib, millis, missing, secs};
+use crate::report::{Table, mib, millis, secs};
 use crate::{churn, cold, resync, rss};
 
 /// Every figure of one size.
@@ -41,7 +41,7 @@ fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Point> {
     let cold = cold::figures(bench, nodes, scripts)?;
     let churn = churn::churn(bench, nodes)?;
     let resync = resync::measure_nodes(bench, nodes)?;
-    let rss = rss::daemon_figures(bench, nodes)?;
+    let rss = rss::netlink_figures(bench, nodes)?;
     Ok(Point {
         nodes,
         cold,
@@ -82,7 +82,7 @@ fn print(points: &[Point]) {
             millis(p.resync),
             millis(p.dumps),
             mib(p.rss.converged),
-            p.rss.resynced.map_or_else(|| missing("-"), mib),
+            mib(p.rss.resynced),
         ]);
     }
     table.print();
@@ -143,14 +143,7 @@ fn panels(points: &[Point]) -> Vec<Panel> {
             unit: "MiB".into(),
             series: vec![
                 series("converged", false, &|p| mib(p.rss.converged)),
-                Series {
-                    name: "after a full resync".into(),
-                    points: points
-                        .iter()
-                        .filter_map(|p| Some((p.nodes, mib(p.rss.resynced?))))
-                        .collect(),
-                    floor: false,
-                },
+                series("after a full resync", false, &|p| mib(p.rss.resynced)),
             ],
         },
     ]

@@ -2,6 +2,7 @@
 //! manager and reconciler hold per route, counted in-process.
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use anyhow::{Result, ensure};
 
@@ -11,7 +12,7 @@ use crate::Bench;
 use crate::alloc;
 use crate::daemon::Vxmgrd;
 use crate::inprocess::converge;
-use crate::netns::{Netns, kernel_unavailable};
+use crate::netns::{self, Netns, kernel_unavailable};
 use crate::report::{Table, mib, missing};
 use crate::stream::replay;
 
@@ -20,48 +21,115 @@ pub fn run(bench: &Bench) -> Result<()> {
     in_process(bench)
 }
 
-/// VmRSS of vxmgrd at each size, on both kernels.
+/// The netlink daemon's full resyncs: often enough that one comes soon
+/// after convergence, and counted on its metrics endpoint.
+const REFRESH_INTERVAL: &str = "10s";
+const METRICS_ADDRESS: &str = "127.0.0.1:9099";
+/// The longest wait for a resync after convergence.
+const RESYNC_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// VmRSS of vxmgrd at each size, on both kernels; on netlink also split
+/// into anonymous and file pages, and again after a full resync.
 fn daemons(bench: &Bench) -> Result<()> {
     let mut table = Table::new(
-        "rss: vxmgrd VmRSS after convergence, once it holds still (MiB; default flags)",
-        &["nodes", "memory kernel", "netlink kernel"],
+        format!(
+            "rss: vxmgrd VmRSS after convergence, once it holds still (MiB; default flags, netlink: --route-refresh-interval {REFRESH_INTERVAL})"
+        ),
+        &[
+            "nodes",
+            "memory kernel",
+            "netlink",
+            "anon",
+            "file",
+            "after a resync",
+            "anon",
+        ],
     );
     for &nodes in &bench.settings.sizes {
         let memory = Vxmgrd::memory(&[])?;
-        let memory = mib(converged_rss(bench, nodes, memory)?);
-        let netlink = match kernel_unavailable() {
+        let mut row = vec![
+            nodes.to_string(),
+            mib(converged_rss(bench, nodes, &memory)?),
+        ];
+        drop(memory);
+        match kernel_unavailable() {
             None => {
-                let netns = Netns::with_underlay()?;
-                let daemon = Vxmgrd::netlink(&netns, &[])?;
-                mib(converged_rss(bench, nodes, daemon)?)
+                let f = netlink_figures(bench, nodes)?;
+                row.extend([f.converged, f.anon, f.file, f.resynced, f.resynced_anon].map(mib));
             }
-            Some(why) => missing(why),
-        };
+            Some(why) => row.extend((0..5).map(|_| missing(why))),
+        }
         eprintln!("rss: {nodes} nodes done");
-        table.row(vec![nodes.to_string(), memory, netlink]);
+        table.row(row);
     }
     table.print();
     println!("  the memory kernel's maps live in the daemon, so its RSS includes them.");
+    println!(
+        "  anon: heap and stacks (RssAnon); file: the binary's and libraries' pages (RssFile)."
+    );
     Ok(())
 }
 
-/// vxmgrd's VmRSS at one size, netlink kernel: the figures growth plots.
+/// vxmgrd's VmRSS at one size, netlink kernel (bytes): converged, split
+/// into anonymous and file pages, and after the first periodic resync that
+/// follows.
 pub struct Figures {
     pub converged: u64,
-    pub resynced: Option<u64>,
+    pub anon: u64,
+    pub file: u64,
+    pub resynced: u64,
+    pub resynced_anon: u64,
 }
 
-pub fn daemon_figures(bench: &Bench, nodes: u32) -> Result<Figures> {
+pub fn netlink_figures(bench: &Bench, nodes: u32) -> Result<Figures> {
     let netns = Netns::with_underlay()?;
-    let daemon = Vxmgrd::netlink(&netns, &[])?;
+    let args = [
+        "--route-refresh-interval",
+        REFRESH_INTERVAL,
+        "--http-listen",
+        METRICS_ADDRESS,
+    ];
+    let daemon = Vxmgrd::netlink(&netns, &args)?;
+    let converged = converged_rss(bench, nodes, &daemon)?;
+    let split = daemon.resident()?;
+    let before = periodic_resyncs(&netns)?;
+    let deadline = Instant::now() + RESYNC_TIMEOUT;
+    while periodic_resyncs(&netns)? == before {
+        ensure!(
+            Instant::now() < deadline,
+            "no resync within {RESYNC_TIMEOUT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let resynced = daemon.settled_rss_bytes()?;
+    let resynced_split = daemon.resident()?;
     Ok(Figures {
-        converged: converged_rss(bench, nodes, daemon)?,
-        resynced: None,
+        converged,
+        anon: split.anon,
+        file: split.file,
+        resynced,
+        resynced_anon: resynced_split.anon,
     })
 }
 
+/// Periodic resyncs the daemon in `netns` has completed.
+fn periodic_resyncs(netns: &Netns) -> Result<u64> {
+    let url = format!("http://{METRICS_ADDRESS}/metrics");
+    let output = netns::run(netns.command("curl").args(["-sf", &url]))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let periodic = text.lines().filter(|l| {
+        l.starts_with("vxmgr_resyncs_total{")
+            && l.contains("trigger=\"periodic\"")
+            && l.contains("result=\"ok\"")
+    });
+    Ok(periodic
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum())
+}
+}
+
 /// Streams the cluster into `daemon` and reads its VmRSS.
-fn converged_rss(bench: &Bench, nodes: u32, daemon: Vxmgrd) -> Result<u64> {
+fn converged_rss(bench: &Bench, nodes: u32, daemon: &Vxmgrd) -> Result<u64> {
     let messages = bench.clusters.messages(nodes)?;
     let delivery = bench.runtime.block_on(replay(&daemon.socket(), messages))?;
     ensure!(delivery.all_ok(), "{nodes} nodes did not apply cleanly");

@@ -17,6 +17,8 @@
 //! | local block | blackhole |
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::borrow::Borrow;
+use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -66,13 +68,36 @@ impl FamilySettings {
     }
 }
 
-/// A route to another node's pods or tunnel address.
+/// A route to another node's pods or tunnel address. Held in a set and
+/// known by its destination alone: one 32-byte entry, where a map from
+/// the destination to the rest pads the two apart into 40.
 #[derive(Clone, Debug)]
 struct RemoteRoute {
+    dst: IpNetwork,
     node: ArcStr,
     kind: RemoteRouteKind,
     /// A no-encap pool's route: direct or nothing, never through the device.
     no_encap: bool,
+}
+
+impl PartialEq for RemoteRoute {
+    fn eq(&self, other: &RemoteRoute) -> bool {
+        self.dst == other.dst
+    }
+}
+
+impl Eq for RemoteRoute {}
+
+impl Hash for RemoteRoute {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.dst.hash(state)
+    }
+}
+
+impl Borrow<IpNetwork> for RemoteRoute {
+    fn borrow(&self) -> &IpNetwork {
+        &self.dst
+    }
 }
 
 /// What the manager knows of a remote node's VTEP in one family.
@@ -181,7 +206,7 @@ pub struct FamilyManager {
     /// How many reasons each ipset member has to be there (external CIDR,
     /// parent address of one or more VTEPs).
     ipset_refs: HashMap<IpNetwork, u32>,
-    remote_routes: HashMap<IpNetwork, RemoteRoute>,
+    remote_routes: HashSet<RemoteRoute>,
     local_blocks: HashSet<IpNetwork>,
     /// Each remote node's routes, in no order: a node has a handful of
     /// blocks, and a list holds them in a fraction of a set's memory.
@@ -215,7 +240,7 @@ impl FamilyManager {
             node_by_mac: HashMap::new(),
             node_by_tunnel_ip: HashMap::new(),
             ipset_refs: HashMap::new(),
-            remote_routes: HashMap::new(),
+            remote_routes: HashSet::new(),
             local_blocks: HashSet::new(),
             routes_by_node: HashMap::new(),
             direct_routes: HashMap::new(),
@@ -306,7 +331,9 @@ impl FamilyManager {
     }
 
     fn mark_all_routes_dirty(&mut self) {
-        self.dirty.routes.extend(self.remote_routes.keys().copied());
+        self.dirty
+            .routes
+            .extend(self.remote_routes.iter().map(|r| r.dst));
         self.dirty.routes.extend(self.local_blocks.iter().copied());
     }
 
@@ -331,14 +358,12 @@ impl FamilyManager {
                     self.dirty.nexthops.insert(NexthopKey::Direct(gateway));
                 }
             }
-            self.remote_routes.insert(
-                route.dst,
-                RemoteRoute {
-                    node,
-                    kind,
-                    no_encap: route.is_no_encap(),
-                },
-            );
+            self.remote_routes.insert(RemoteRoute {
+                dst: route.dst,
+                node,
+                kind,
+                no_encap: route.is_no_encap(),
+            });
         } else if route.is_local_block() {
             self.local_blocks.insert(route.dst);
         } else if let Some(ip) = route
@@ -361,7 +386,7 @@ impl FamilyManager {
     }
 
     fn forget_route(&mut self, dst: IpNetwork) -> bool {
-        let remote = self.remote_routes.remove(&dst);
+        let remote = self.remote_routes.take(&dst);
         if let Some(r) = &remote {
             if let Some(routes) = self.routes_by_node.get_mut(&r.node) {
                 if let Some(at) = routes.iter().position(|d| *d == dst) {
@@ -755,19 +780,18 @@ impl FamilyManager {
     pub fn snapshot(&self) -> FamilySnapshot {
         let mut routes = Vec::new();
         let mut waiting_routes = Vec::new();
-        for dst in self.remote_routes.keys().chain(self.local_blocks.iter()) {
-            match self.desired_route(dst) {
+        for remote in &self.remote_routes {
+            match self.desired_route(&remote.dst) {
                 Some(r) => routes.push(r),
-                None => {
-                    let remote = &self.remote_routes[dst];
-                    waiting_routes.push(WaitingRoute {
-                        dst: *dst,
-                        node: remote.node.clone(),
-                        reason: self.wait_reason(dst, remote),
-                    })
-                }
+                None => waiting_routes.push(WaitingRoute {
+                    dst: remote.dst,
+                    node: remote.node.clone(),
+                    reason: self.wait_reason(&remote.dst, remote),
+                }),
             }
         }
+        let blackholes = self.local_blocks.iter();
+        routes.extend(blackholes.filter_map(|dst| self.desired_route(dst)));
         routes.sort_by_key(|r| r.dst);
         routes.dedup_by_key(|r| r.dst);
         waiting_routes.sort_by_key(|r| r.dst);

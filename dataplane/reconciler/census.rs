@@ -14,13 +14,10 @@ pub struct ObjectCount {
 }
 
 /// Objects per family, counted by the family `family_of` gives each.
-fn by_family<'a, K: 'a>(
-    objects: impl Iterator<Item = &'a K>,
-    family_of: impl Fn(&K) -> Family,
-) -> [usize; 2] {
+fn by_family<K>(objects: impl Iterator<Item = K>, family_of: impl Fn(&K) -> Family) -> [usize; 2] {
     let mut counts = [0; 2];
     for object in objects {
-        counts[family_of(object) as usize] += 1;
+        counts[family_of(&object) as usize] += 1;
     }
     counts
 }

@@ -211,7 +211,6 @@ impl<B: KernelBackend> Reconciler<B> {
             .nexthops
             .all_actual()
             .filter(|n| n.ifindex == index)
-            .copied()
             .collect();
         let ids: HashSet<u32> = nexthops.iter().map(|n| n.id).collect();
         let routes: Vec<KernelOp> = self
@@ -221,7 +220,7 @@ impl<B: KernelBackend> Reconciler<B> {
                 r.ifindex() == Some(index)
                     || matches!(r.via, KernelRouteVia::Nexthop(id) if ids.contains(&id))
             })
-            .map(|r| KernelOp::DeleteRoute(*r))
+            .map(KernelOp::DeleteRoute)
             .collect();
         self.backend.apply(&routes).await;
         let nexthops: Vec<KernelOp> = nexthops.into_iter().map(KernelOp::DeleteNexthop).collect();

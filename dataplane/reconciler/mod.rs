@@ -757,7 +757,7 @@ impl<B: KernelBackend> Reconciler<B> {
             let Some(index) = interface else {
                 return true;
             };
-            if let (_, Some(adopted)) = ids.assign(nexthop, index) {
+            if let (_, Some(adopted)) = ids.assign(&nexthop, index) {
                 nexthops.set_actual(key.clone(), Some(adopted));
             }
             false

@@ -22,7 +22,7 @@ impl<B: KernelBackend> Reconciler<B> {
             Notification::RouteGone(TableRoute::Shaped(route)) if self.owns_route(&route) => {
                 // Only the route we know going counts, not another one for the
                 // same destination.
-                self.routes.actual(&route.dst) == Some(&route)
+                self.routes.actual(&route.dst) == Some(route)
                     && self.routes.observe(route.dst, None, now)
             }
             Notification::Route(route) => self.host_route_appeared(foreign(route), now),
@@ -112,7 +112,7 @@ impl<B: KernelBackend> Reconciler<B> {
     pub(super) fn host_route_gone(&mut self, route: ForeignRoute) -> bool {
         self.host.route_gone(&route);
         self.routes.recheck(&route.dst);
-        self.routes.desired(&route.dst).is_some()
+        self.routes.is_desired(&route.dst)
     }
 
     /// Repairs what notifications reported: a pass, after re-reading the

@@ -30,7 +30,20 @@ pub trait RenderContext {
 
 /// How a kind of desired object maps onto the kernel.
 pub trait Programmable: Desired {
-    type Kernel: Clone + PartialEq + fmt::Debug;
+    type Kernel: Copy + PartialEq + fmt::Debug;
+    /// The desired object as a table holds it beside its key: without what
+    /// the key already says (a route's destination, an entry's address),
+    /// which a hundred thousand objects would otherwise store two and three
+    /// times.
+    type Held;
+    /// The kernel form as a table holds it beside its key.
+    type HeldKernel: Copy;
+    fn hold(self) -> Self::Held;
+    /// The object held for `key`; `hold` then `unhold` gives it back as it
+    /// was, for an object whose key is `key`.
+    fn unhold(key: &Self::Key, held: &Self::Held) -> Self;
+    fn hold_kernel(kernel: Self::Kernel) -> Self::HeldKernel;
+    fn unhold_kernel(key: &Self::Key, held: Self::HeldKernel) -> Self::Kernel;
     /// The kernel form, or `None` while something it needs is missing.
     fn render(&self, ctx: &dyn RenderContext) -> Option<Self::Kernel>;
     fn replace_op(kernel: &Self::Kernel) -> KernelOp;
@@ -160,8 +173,8 @@ pub struct Contested {
 /// What vxmgr wants of one object and what the kernel holds of it, in one
 /// entry: a key is stored once for both. Never both `None`.
 struct Slot<D: Programmable> {
-    desired: Option<D>,
-    actual: Option<D::Kernel>,
+    desired: Option<D::Held>,
+    actual: Option<D::HeldKernel>,
 }
 
 impl<D: Programmable> Default for Slot<D> {
@@ -207,30 +220,43 @@ impl<D: Programmable> Table<D> {
     }
 
     /// What vxmgr wants for `key`.
-    pub fn desired(&self, key: &D::Key) -> Option<&D> {
-        self.slots.get(key)?.desired.as_ref()
+    pub fn desired(&self, key: &D::Key) -> Option<D> {
+        let held = self.slots.get(key)?.desired.as_ref()?;
+        Some(D::unhold(key, held))
+    }
+
+    /// Whether vxmgr wants anything for `key`.
+    pub fn is_desired(&self, key: &D::Key) -> bool {
+        self.slots
+            .get(key)
+            .is_some_and(|slot| slot.desired.is_some())
     }
 
     /// What the kernel holds for `key`, as far as vxmgr knows.
-    pub fn actual(&self, key: &D::Key) -> Option<&D::Kernel> {
-        self.slots.get(key)?.actual.as_ref()
+    pub fn actual(&self, key: &D::Key) -> Option<D::Kernel> {
+        let held = self.slots.get(key)?.actual?;
+        Some(D::unhold_kernel(key, held))
     }
 
     /// Every wanted object.
-    pub fn all_desired(&self) -> impl Iterator<Item = (&D::Key, &D)> {
-        (self.slots.iter()).filter_map(|(key, slot)| Some((key, slot.desired.as_ref()?)))
+    pub fn all_desired(&self) -> impl Iterator<Item = (&D::Key, D)> {
+        (self.slots.iter())
+            .filter_map(|(key, slot)| Some((key, D::unhold(key, slot.desired.as_ref()?))))
     }
 
     /// Every object of ours the kernel holds.
-    pub fn all_actual(&self) -> impl Iterator<Item = &D::Kernel> {
-        self.slots.values().filter_map(|slot| slot.actual.as_ref())
+    pub fn all_actual(&self) -> impl Iterator<Item = D::Kernel> {
+        (self.slots.iter()).filter_map(|(key, slot)| Some(D::unhold_kernel(key, slot.actual?)))
     }
 
     /// Records what the kernel holds for `key` (`None`: nothing) and
     /// returns what it held before.
     pub fn set_actual(&mut self, key: D::Key, kernel: Option<D::Kernel>) -> Option<D::Kernel> {
-        match kernel {
-            Some(kernel) => self.slots.entry(key).or_default().actual.replace(kernel),
+        let old = match kernel {
+            Some(kernel) => {
+                let slot = self.slots.entry(key.clone()).or_default();
+                slot.actual.replace(D::hold_kernel(kernel))
+            }
             None => {
                 let slot = self.slots.get_mut(&key)?;
                 let old = slot.actual.take();
@@ -239,13 +265,15 @@ impl<D: Programmable> Table<D> {
                 }
                 old
             }
-        }
+        };
+        old.map(|held| D::unhold_kernel(&key, held))
     }
 
     pub fn set_desired(&mut self, change: Change<D>) {
         match change.desired {
             Some(d) => {
-                self.slots.entry(change.key.clone()).or_default().desired = Some(d);
+                debug_assert_eq!(d.key(), change.key, "a change's key is its object's");
+                self.slots.entry(change.key.clone()).or_default().desired = Some(d.hold());
                 self.stale.remove(&change.key);
                 self.pending.insert(change.key);
             }
@@ -289,15 +317,16 @@ impl<D: Programmable> Table<D> {
             slot.desired.is_some()
         });
         for (key, kernel) in actual {
-            self.slots.entry(key).or_default().actual = Some(kernel);
+            self.slots.entry(key).or_default().actual = Some(D::hold_kernel(kernel));
         }
         for (key, slot) in &self.slots {
             let Some(desired) = &slot.desired else {
                 continue;
             };
-            let right = desired
+            let actual = slot.actual.map(|held| D::unhold_kernel(key, held));
+            let right = D::unhold(key, desired)
                 .render(ctx)
-                .is_some_and(|kernel| slot.actual.as_ref() == Some(&kernel));
+                .is_some_and(|kernel| actual == Some(kernel));
             if !right {
                 self.pending.insert(key.clone());
             }
@@ -322,7 +351,9 @@ impl<D: Programmable> Table<D> {
         let keys: Vec<D::Key> = self
             .slots
             .iter()
-            .filter(|(_, slot)| slot.actual.as_ref().is_some_and(&gone))
+            .filter(|(key, slot)| {
+                (slot.actual).is_some_and(|held| gone(&D::unhold_kernel(key, held)))
+            })
             .map(|(key, _)| key.clone())
             .collect();
         for key in keys {
@@ -333,7 +364,7 @@ impl<D: Programmable> Table<D> {
     /// [`Table::forget_actual`] among `keys` only.
     pub fn forget_actual_among(&mut self, keys: &[D::Key], gone: impl Fn(&D::Kernel) -> bool) {
         for key in keys {
-            if self.actual(key).is_some_and(&gone) {
+            if self.actual(key).is_some_and(|kernel| gone(&kernel)) {
                 self.forget_one(key.clone());
             }
         }
@@ -341,7 +372,7 @@ impl<D: Programmable> Table<D> {
 
     fn forget_one(&mut self, key: D::Key) {
         self.set_actual(key.clone(), None);
-        if self.desired(&key).is_some() {
+        if self.is_desired(&key) {
             self.pending.insert(key);
         }
     }
@@ -351,11 +382,11 @@ impl<D: Programmable> Table<D> {
     /// the object is then repaired (or, unwanted, deleted after InSync),
     /// unless it is contested and vxmgr is backing off.
     pub fn observe(&mut self, key: D::Key, kernel: Option<D::Kernel>, now: Instant) -> bool {
-        if self.actual(&key) == kernel.as_ref() {
+        if self.actual(&key) == kernel {
             return false;
         }
         self.set_actual(key.clone(), kernel);
-        if self.desired(&key).is_none() {
+        if !self.is_desired(&key) {
             self.stale.insert(key);
         } else if self.may_repair(&key, now) {
             self.pending.insert(key);
@@ -462,7 +493,7 @@ impl<D: Programmable> Table<D> {
 
     /// `key` is to be made right again now (what stood in its way is gone).
     pub fn recheck(&mut self, key: &D::Key) {
-        if self.desired(key).is_some() {
+        if self.is_desired(key) {
             self.pending.insert(key.clone());
         }
     }
@@ -493,12 +524,12 @@ impl<D: Programmable> Table<D> {
             let Some(desired) = &slot.desired else {
                 continue;
             };
-            let Some(kernel) = desired.render(ctx) else {
+            let Some(kernel) = D::unhold(&key, desired).render(ctx) else {
                 waiting.push(key);
                 continue;
             };
-            let effect = match &slot.actual {
-                Some(a) if *a == kernel => {
+            let effect = match slot.actual.map(|held| D::unhold_kernel(&key, held)) {
+                Some(a) if a == kernel => {
                     self.settled(&key);
                     continue;
                 }
@@ -525,9 +556,9 @@ impl<D: Programmable> Table<D> {
             match self.slots.get(&key) {
                 Some(Slot {
                     desired: None,
-                    actual: Some(kernel),
+                    actual: Some(held),
                 }) if sweep => plan.push(Planned {
-                    kernel: kernel.clone(),
+                    kernel: D::unhold_kernel(&key, *held),
                     key,
                     effect: Effect::Removed,
                 }),

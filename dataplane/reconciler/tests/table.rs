@@ -70,7 +70,7 @@ fn an_entry_lives_while_it_is_wanted_or_in_the_kernel() {
 
     want(&mut table, "172.16.0.2/32", true);
     assert_eq!(program(&mut table, true), vec![(a, Effect::Added)]);
-    assert_eq!(table.actual(&a), Some(&a));
+    assert_eq!(table.actual(&a), Some(a));
     // Unwanted once programmed: kept, as the kernel's, until deleted.
     want(&mut table, "172.16.0.2/32", false);
     assert!(!table.is_gone(&a));
@@ -97,7 +97,7 @@ fn a_new_stream_keeps_what_the_kernel_holds_and_the_sweep_removes_what_it_leaves
     table.mark_stale();
     assert_eq!(program(&mut table, true), vec![(b, Effect::Removed)]);
     assert!(table.is_gone(&b));
-    assert_eq!(table.actual(&a), Some(&a));
+    assert_eq!(table.actual(&a), Some(a));
 }
 
 #[test]
