@@ -126,7 +126,6 @@ fn periodic_resyncs(netns: &Netns) -> Result<u64> {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum())
 }
-}
 
 /// Streams the cluster into `daemon` and reads its VmRSS.
 fn converged_rss(bench: &Bench, nodes: u32, daemon: &Vxmgrd) -> Result<u64> {
