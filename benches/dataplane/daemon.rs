@@ -83,41 +83,43 @@ impl Vxmgrd {
 
     /// Resident memory (VmRSS), in bytes.
     pub fn rss_bytes(&self) -> Result<u64> {
-        vm_rss(
-            &Path::new("/proc")
-                .join(self.child.id().to_string())
-                .join("status"),
-        )
+        rss_bytes(self.child.id())
     }
 
-    /// VmRSS once it holds still: after the last status the daemon still
-    /// takes in the kernel's echoes of the last batch and hands back what
-    /// they freed. Read every 100 ms until three readings in a row agree
-    /// (for at most 5 s, then the last reading).
     pub fn settled_rss_bytes(&self) -> Result<u64> {
-        let mut last = self.rss_bytes()?;
-        let mut same = 0;
-        for _ in 0..50 {
-            std::thread::sleep(Duration::from_millis(100));
-            let now = self.rss_bytes()?;
-            same = if now == last { same + 1 } else { 0 };
-            last = now;
-            if same == 2 {
-                break;
-            }
-        }
-        Ok(last)
+        settled_rss_bytes(self.child.id())
     }
 }
 
-fn vm_rss(status: &Path) -> Result<u64> {
-    let text = std::fs::read_to_string(status)?;
+/// Process `pid`'s resident memory (VmRSS), in bytes.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    let status = Path::new("/proc").join(pid.to_string()).join("status");
+    let text = std::fs::read_to_string(&status)?;
     let kib = text
         .lines()
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .with_context(|| format!("no VmRSS in {}", status.display()))?;
     Ok(kib * 1024)
+}
+
+/// Process `pid`'s VmRSS once it holds still: after the last status a
+/// daemon still takes in the kernel's echoes of the last batch and hands
+/// back what they freed. Read every 100 ms until three readings in a row
+/// agree (for at most 5 s, then the last reading).
+pub fn settled_rss_bytes(pid: u32) -> Result<u64> {
+    let mut last = rss_bytes(pid)?;
+    let mut same = 0;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = rss_bytes(pid)?;
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+        if same == 2 {
+            break;
+        }
+    }
+    Ok(last)
 }
 
 impl Drop for Vxmgrd {
