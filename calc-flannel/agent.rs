@@ -110,8 +110,15 @@ impl<M: SubnetManager> Agent<M> {
             },
         );
         // Every lease is known before vxmgrd hears of any: its resync
-        // after InSync removes what a stream did not declare.
-        self.apply(&mut view, listed, &mut Vec::new());
+        // after InSync removes what a stream did not declare. The stream's
+        // snapshot carries them, so the listing makes no messages.
+        match listed {
+            LeaseChange::Resync { leases, unreadable } => {
+                view.load(&leases, &unreadable);
+                self.noted(&view, "resync");
+            }
+            other => self.apply(&mut view, other, &mut Vec::new()),
+        }
         self.follow(view).await;
         Ok(())
     }
@@ -191,6 +198,11 @@ impl<M: SubnetManager> Agent<M> {
                 "local"
             }
         };
+        self.noted(view, kind);
+    }
+
+    /// Health's account of a change of `kind` taken into the view.
+    fn noted(&self, view: &View, kind: &'static str) {
         self.health.lease_change(kind);
         self.health.set_leases(view.remote_count());
     }
@@ -203,12 +215,11 @@ impl<M: SubnetManager> Agent<M> {
         let mut programmed = false;
         loop {
             let mut out = Vec::new();
+            // vxmgrd first: at start-up the whole view goes before the
+            // watch is opened (from the listing's revision, it misses
+            // nothing by waiting).
             tokio::select! {
-                due = self.manager.due() => {
-                    for change in self.manager.handle(due).await {
-                        self.apply(&mut view, change, &mut out);
-                    }
-                }
+                biased;
                 event = stream_event(&mut streaming) => {
                     streaming = match (streaming, event) {
                         (Streaming::Open(stream, _), Some(Progress::InSync)) => {
@@ -238,13 +249,17 @@ impl<M: SubnetManager> Agent<M> {
                         },
                     };
                 }
+                due = self.manager.due() => {
+                    for change in self.manager.handle(due).await {
+                        self.apply(&mut view, change, &mut out);
+                    }
+                }
             }
             if out.is_empty() {
                 continue;
             }
             if let Streaming::Open(stream, _) = &mut streaming {
-                let n = out.len();
-                if stream.send(out).await.is_ok() {
+                if let Ok(n) = stream.send(out).await {
                     self.health.sent(n);
                 } else {
                     // The whole view goes again when the stream is back.
@@ -258,9 +273,10 @@ impl<M: SubnetManager> Agent<M> {
     /// A new stream, carrying the whole view.
     async fn reopen(&mut self, view: &View) -> Result<Stream, String> {
         let mut stream = self.dataplane.open().await.map_err(|e| e.to_string())?;
-        let snapshot = view.snapshot();
-        let n = snapshot.len();
-        stream.send(snapshot).await.map_err(|e| e.to_string())?;
+        let n = stream
+            .send(view.snapshot())
+            .await
+            .map_err(|e| e.to_string())?;
         self.health.stream_opened();
         self.health.sent(n);
         Ok(stream)
@@ -292,7 +308,10 @@ async fn stream_event(streaming: &mut Streaming) -> Option<Progress> {
     match streaming {
         Streaming::Open(stream, seen) => Some(stream.progressed(*seen).await),
         Streaming::Reopen(at) => {
-            sleep_until(*at).await;
+            // Due now: at once, not at the timer's next tick.
+            if *at > Instant::now() {
+                sleep_until(*at).await;
+            }
             None
         }
     }

@@ -165,14 +165,18 @@ fn report(payload: Option<Payload>) -> bool {
 pub struct StreamEnded;
 
 impl Stream {
-    /// Sends `messages` in order, numbered on from the last.
-    pub async fn send(&mut self, messages: Vec<ToDataplane>) -> Result<(), StreamEnded> {
+    /// Sends `messages` in order, numbered on from the last; how many.
+    pub async fn send(
+        &mut self,
+        messages: impl IntoIterator<Item = ToDataplane>,
+    ) -> Result<usize, StreamEnded> {
+        let first = self.next_sequence;
         for mut message in messages {
             message.sequence_number = self.next_sequence;
             self.next_sequence += 1;
             self.tx.send(message).await.map_err(|_| StreamEnded)?;
         }
-        Ok(())
+        Ok((self.next_sequence - first) as usize)
     }
 
     /// Resolves when the stream is further than `seen`: in sync, or

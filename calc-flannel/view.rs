@@ -127,47 +127,58 @@ impl View {
     }
 
     /// The whole state, as a new stream starts: config, this node, every
-    /// other lease, InSync.
-    pub fn snapshot(&self) -> Vec<ToDataplane> {
-        let mut out = vec![self.config_update()];
-        out.extend(self.pools());
-        let empty = Programmed::default();
-        diff(&self.local.hostname, &empty, &self.local_sent, &mut out);
-        for (key, sent) in &self.remotes {
-            diff(&key.to_string(), &empty, sent, &mut out);
-        }
-        out.push(message(Payload::InSync(InSync {})));
-        out
+    /// other lease, InSync. Made lease by lease as it is sent, so that
+    /// vxmgrd programs the first leases while the last are made.
+    pub fn snapshot(&self) -> impl Iterator<Item = ToDataplane> + '_ {
+        let mut head = vec![self.config_update()];
+        head.extend(self.pools());
+        diff(
+            &self.local.hostname,
+            &Programmed::default(),
+            &self.local_sent,
+            &mut head,
+        );
+        let remotes = self.remotes.iter().flat_map(|(key, sent)| {
+            let mut out = Vec::new();
+            diff(&key.to_string(), &Programmed::default(), sent, &mut out);
+            out
+        });
+        head.into_iter()
+            .chain(remotes)
+            .chain(std::iter::once(message(Payload::InSync(InSync {}))))
     }
 
     /// Another node's lease, new or changed.
     pub fn put(&mut self, lease: &Lease) -> Vec<ToDataplane> {
         let mut out = Vec::new();
-        self.put_into(lease, &mut out);
+        self.put_into(lease, Some(&mut out));
         out
     }
 
-    fn put_into(&mut self, lease: &Lease, out: &mut Vec<ToDataplane>) {
+    /// Takes in a lease; its messages go to `out`, if any.
+    fn put_into(&mut self, lease: &Lease, out: Option<&mut Vec<ToDataplane>>) {
         if lease.key == self.local.lease.key {
             return;
         }
         let (wanted, problems) = self.remote_programmed(lease);
         self.note_problems(lease.key, problems);
         let sent = self.remotes.entry(lease.key).or_default();
-        diff(&lease.key.to_string(), sent, &wanted, out);
+        if let Some(out) = out {
+            diff(&lease.key.to_string(), sent, &wanted, out);
+        }
         *sent = wanted;
     }
 
     /// Another node's lease deleted or expired.
     pub fn delete(&mut self, key: &SubnetKey) -> Vec<ToDataplane> {
         let mut out = Vec::new();
-        self.delete_into(key, &mut out);
+        self.delete_into(key, Some(&mut out));
         out
     }
 
-    fn delete_into(&mut self, key: &SubnetKey, out: &mut Vec<ToDataplane>) {
+    fn delete_into(&mut self, key: &SubnetKey, out: Option<&mut Vec<ToDataplane>>) {
         self.problems.remove(key);
-        if let Some(sent) = self.remotes.remove(key) {
+        if let (Some(sent), Some(out)) = (self.remotes.remove(key), out) {
             diff(&key.to_string(), &sent, &Programmed::default(), out);
         }
     }
@@ -181,20 +192,38 @@ impl View {
         unreadable: &BTreeSet<SubnetKey>,
     ) -> Vec<ToDataplane> {
         let mut out = Vec::new();
-        let listed: BTreeSet<SubnetKey> = leases.iter().map(|l| l.key).collect();
-        let gone: Vec<SubnetKey> = self
-            .remotes
-            .keys()
-            .filter(|k| !listed.contains(k) && !unreadable.contains(k))
-            .copied()
-            .collect();
-        for key in &gone {
-            self.delete_into(key, &mut out);
+        self.resync_into(leases, unreadable, Some(&mut out));
+        out
+    }
+
+    /// The listing at start-up, before vxmgrd has a stream: taken in
+    /// without messages, as the [`View::snapshot`] a stream starts with
+    /// carries every lease.
+    pub fn load(&mut self, leases: &[Lease], unreadable: &BTreeSet<SubnetKey>) {
+        self.resync_into(leases, unreadable, None);
+    }
+
+    fn resync_into(
+        &mut self,
+        leases: &[Lease],
+        unreadable: &BTreeSet<SubnetKey>,
+        mut out: Option<&mut Vec<ToDataplane>>,
+    ) {
+        if !self.remotes.is_empty() {
+            let listed: BTreeSet<SubnetKey> = leases.iter().map(|l| l.key).collect();
+            let gone: Vec<SubnetKey> = self
+                .remotes
+                .keys()
+                .filter(|k| !listed.contains(k) && !unreadable.contains(k))
+                .copied()
+                .collect();
+            for key in &gone {
+                self.delete_into(key, out.as_deref_mut());
+            }
         }
         for lease in leases {
-            self.put_into(lease, &mut out);
+            self.put_into(lease, out.as_deref_mut());
         }
-        out
     }
 
     /// This node's lease is another one now (acquired again).
@@ -206,7 +235,7 @@ impl View {
         self.local_sent = wanted;
         // A lease we knew as another node's may be ours now.
         let key = self.local.lease.key;
-        self.delete_into(&key, &mut out);
+        self.delete_into(&key, Some(&mut out));
         out
     }
 

@@ -116,8 +116,8 @@ pub struct Cli {
     /// How long soak churns, in seconds [default: 180; --quick: 20].
     #[arg(long)]
     pub soak_seconds: Option<u32>,
-    /// Leases for flannel [default: 1000,10000; --quick: 1000].
-    #[arg(long, value_delimiter = ',')]
+    /// Leases for flannel [default: 10000,50000; --quick: 1000].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=60_000))]
     pub flannel_sizes: Option<Vec<u32>>,
     /// Leases added one at a time in flannel [default: 50; --quick: 10].
     #[arg(long)]
@@ -217,7 +217,7 @@ impl Cli {
             flannel_sizes: self.flannel_sizes.clone().unwrap_or(if self.quick {
                 vec![1000]
             } else {
-                vec![1000, 10_000]
+                vec![10_000, 50_000]
             }),
             flannel_single: pick(self.flannel_single, 50, 10),
             cni_pods: pick(self.cni_pods, 100, 20),

@@ -83,46 +83,31 @@ impl Vxmgrd {
 
     /// Resident memory (VmRSS), in bytes.
     pub fn rss_bytes(&self) -> Result<u64> {
-        vm_rss(
-            &Path::new("/proc")
-                .join(self.child.id().to_string())
-                .join("status"),
-        )
+        rss_bytes(self.child.id())
     }
 
     /// RssAnon and RssFile.
     pub fn resident(&self) -> Result<Resident> {
-        let status = Path::new("/proc")
-            .join(self.child.id().to_string())
-            .join("status");
+        let status = status_path(self.child.id());
         Ok(Resident {
             anon: status_bytes(&status, "RssAnon")?,
             file: status_bytes(&status, "RssFile")?,
         })
     }
 
-    /// VmRSS once it holds still: after the last status the daemon still
-    /// takes in the kernel's echoes of the last batch and hands back what
-    /// they freed. Read every 100 ms until three readings in a row agree
-    /// (for at most 5 s, then the last reading).
+    /// VmRSS once it holds still.
     pub fn settled_rss_bytes(&self) -> Result<u64> {
-        let mut last = self.rss_bytes()?;
-        let mut same = 0;
-        for _ in 0..50 {
-            std::thread::sleep(Duration::from_millis(100));
-            let now = self.rss_bytes()?;
-            same = if now == last { same + 1 } else { 0 };
-            last = now;
-            if same == 2 {
-                break;
-            }
-        }
-        Ok(last)
+        settled_rss_bytes(self.child.id())
     }
 }
 
-fn vm_rss(status: &Path) -> Result<u64> {
-    status_bytes(status, "VmRSS")
+/// Process `pid`'s resident memory (VmRSS), in bytes.
+pub fn rss_bytes(pid: u32) -> Result<u64> {
+    status_bytes(&status_path(pid), "VmRSS")
+}
+
+fn status_path(pid: u32) -> std::path::PathBuf {
+    Path::new("/proc").join(pid.to_string()).join("status")
 }
 
 /// One `kB` field of /proc/PID/status, in bytes.
@@ -143,6 +128,25 @@ pub struct Resident {
     pub anon: u64,
     /// The binary's and libraries' pages.
     pub file: u64,
+}
+
+/// Process `pid`'s VmRSS once it holds still: after the last status a
+/// daemon still takes in the kernel's echoes of the last batch and hands
+/// back what they freed. Read every 100 ms until three readings in a row
+/// agree (for at most 5 s, then the last reading).
+pub fn settled_rss_bytes(pid: u32) -> Result<u64> {
+    let mut last = rss_bytes(pid)?;
+    let mut same = 0;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let now = rss_bytes(pid)?;
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+        if same == 2 {
+            break;
+        }
+    }
+    Ok(last)
 }
 
 impl Drop for Vxmgrd {

@@ -3,31 +3,40 @@
 //! how long until every node's kernel has a route for each of them, when
 //! they are there at start-up (cold), when they arrive in a burst on a
 //! running cluster (one put each, concurrently, and 100 per transaction),
-//! and when one arrives on a converged cluster. Time is read from each
-//! node's `ip monitor route`, so "programmed" means in the kernel.
+//! and when one arrives on a converged cluster; and what calc-flannel and
+//! vxmgrd hold resident once one node has converged. With FLANNELD naming
+//! a flanneld v0.20.x binary, flanneld's cold start and VmRSS on the same
+//! node (vxlan) are measured beside them. Time is read from each node's
+//! `ip monitor route`, so "programmed" means in the kernel.
 
 use std::cell::Cell;
-use std::path::Path;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, ensure};
 use futures::StreamExt;
 
 use crate::testbed::etcd::{self, EtcdClient};
-use crate::testbed::flannel::PREFIX;
+use crate::testbed::flannel::{self as testbed_flannel, PREFIX};
 use crate::testbed::{Binaries, FlannelCluster, Monitor, sh};
 
 use crate::Bench;
 use crate::cluster::CALC_STUB;
-use crate::daemon::VXMGRD;
-use crate::report::{Table, median, millis, quantile, secs};
+use crate::daemon::{VXMGRD, settled_rss_bytes};
+use crate::report::{Table, median, mib, millis, missing, quantile, secs};
 
 pub const CALC_FLANNEL: &str = env!("CARGO_BIN_EXE_calc-flannel");
 const NODES: u8 = 3;
 /// Puts in flight at once in a burst of single puts.
 const IN_FLIGHT: usize = 64;
 const PER_TXN: usize = 100;
-const WAIT: Duration = Duration::from_secs(300);
+/// Transactions in flight at once when the leases are written before a
+/// cold start (not part of any figure).
+const TXNS_IN_FLIGHT: usize = 16;
+/// How long a wait for routes may take: flanneld needs about 5 minutes
+/// for 50,000 leases on a busy 2-CPU machine.
+const WAIT: Duration = Duration::from_secs(900);
 
 #[derive(Clone, Copy)]
 enum Backend {
@@ -94,6 +103,8 @@ struct Figures {
     /// kernel of this machine serialises: its RTNL lock is global).
     cold_one: Duration,
     cold_all: Duration,
+    /// VmRSS of the one node's processes once it has converged.
+    rss: Resident,
     burst_single: Duration,
     burst_txn: Duration,
     /// One lease at a time on the converged cluster, until every node has
@@ -103,11 +114,43 @@ struct Figures {
     one_after_put: Vec<Duration>,
 }
 
+/// VmRSS of a node's processes once converged, in bytes.
+struct Resident {
+    calc_flannel: u64,
+    vxmgrd: u64,
+}
+
+/// flanneld's figures on the same one-node cold start.
+struct FlanneldFigures {
+    cold_one: Duration,
+    rss: u64,
+}
+
+/// Who programs a node's kernel.
+#[derive(Clone, Copy)]
+enum Agent<'a> {
+    /// calc-flannel, next to the node's vxmgrd.
+    CalcFlannel,
+    /// flannel's own flanneld (the binary at this path), alone.
+    Flanneld(&'a Path),
+}
+
+impl Agent<'_> {
+    /// A route to a lease's subnet added, as `ip monitor` reports it.
+    fn added(self, line: &str) -> bool {
+        match self {
+            Agent::CalcFlannel => added(line),
+            Agent::Flanneld(_) => !line.starts_with("Deleted") && line.contains(" dev flannel.1 "),
+        }
+    }
+}
+
 pub fn run(bench: &Bench) -> Result<()> {
     if !etcd::available() {
         println!("\nflannel: SKIPPED (needs the etcd binary: apt-get install etcd-server)");
         return Ok(());
     }
+    let flanneld = flanneld()?;
     let mut table = Table::new(
         format!(
             "flannel: N leases of other nodes → every one of {NODES} nodes' kernels has their routes (s; vxmgrd with its defaults)"
@@ -122,6 +165,19 @@ pub fn run(bench: &Bench) -> Result<()> {
             "one lease median (ms)",
             "p99 (ms)",
             "after etcd's answer, median (ms)",
+        ],
+    );
+    let mut resident = Table::new(
+        "flannel: one node's cold start (s) and VmRSS once converged (MiB), calc-flannel + vxmgrd and flanneld",
+        &[
+            "backend",
+            "leases",
+            "cold",
+            "calc-flannel",
+            "vxmgrd",
+            "both",
+            "flanneld cold",
+            "flanneld",
         ],
     );
     for backend in [Backend::Vxlan, Backend::HostGw] {
@@ -139,6 +195,26 @@ pub fn run(bench: &Bench) -> Result<()> {
                 millis(quantile(&f.one, 0.99)),
                 millis(median(&f.one_after_put)),
             ]);
+            let theirs = match (&flanneld, backend) {
+                (Some((path, _)), Backend::Vxlan) => {
+                    let f = measure_flanneld(bench, path, n)
+                        .with_context(|| format!("flanneld with {n} leases"))?;
+                    [secs(f.cold_one), mib(f.rss)]
+                }
+                (Some(_), Backend::HostGw) => [missing("vxlan only"), missing("vxlan only")],
+                (None, _) => [missing("no FLANNELD"), missing("no FLANNELD")],
+            };
+            let [theirs_cold, theirs_rss] = theirs;
+            resident.row(vec![
+                backend.name().into(),
+                n.to_string(),
+                secs(f.cold_one),
+                mib(f.rss.calc_flannel),
+                mib(f.rss.vxmgrd),
+                mib(f.rss.calc_flannel + f.rss.vxmgrd),
+                theirs_cold,
+                theirs_rss,
+            ]);
         }
     }
     table.print();
@@ -151,7 +227,27 @@ pub fn run(bench: &Bench) -> Result<()> {
     println!(
         "  one lease: the put → its route in the last kernel, on the cluster holding the N leases."
     );
+    resident.print();
+    println!(
+        "  cold: the agent started (calc-flannel, vxmgrd already serving; or flanneld) with the leases in etcd → the last route in the kernel."
+    );
+    println!("  VmRSS: once the node has every route, when three readings 100 ms apart agree.");
+    match &flanneld {
+        Some((path, version)) => {
+            println!("  flanneld: {} ({version}), etcd, vxlan.", path.display())
+        }
+        None => println!("  flanneld: set FLANNELD to a flanneld v0.20.x binary to measure it."),
+    }
     Ok(())
+}
+
+/// The flanneld binary FLANNELD names, with its version.
+fn flanneld() -> Result<Option<(PathBuf, String)>> {
+    let Some(path) = std::env::var_os("FLANNELD").map(PathBuf::from) else {
+        return Ok(None);
+    };
+    let version = testbed_flannel::flanneld_version(&path)?;
+    Ok(Some((path, version)))
 }
 
 pub fn binaries() -> Binaries {
@@ -161,10 +257,11 @@ pub fn binaries() -> Binaries {
     }
 }
 
-/// A cluster of `nodes` with vxmgrd on every node, at its defaults as in
-/// production (the node also holding an address on the leases'
-/// 172.16.0.0/12, where host-gw needs their nodes).
-fn cluster(bench: &Bench, backend: Backend, nodes: u8) -> Result<FlannelCluster> {
+/// A cluster of `nodes` for `agent`: with calc-flannel, vxmgrd runs on
+/// every node, at its defaults as in production (the node also holding
+/// an address on the leases' 172.16.0.0/12, where host-gw needs their
+/// nodes).
+fn cluster(bench: &Bench, backend: Backend, nodes: u8, agent: Agent) -> Result<FlannelCluster> {
     let mut c = FlannelCluster::new("vxbfl", nodes, &binaries(), Path::new(CALC_FLANNEL))?;
     bench.runtime.block_on(c.set_config(&backend.config()))?;
     for node in &mut c.cluster.nodes {
@@ -172,23 +269,24 @@ fn cluster(bench: &Bench, backend: Backend, nodes: u8) -> Result<FlannelCluster>
             &node.ns,
             &format!("ip addr add 172.31.255.{}/12 dev eth0", node.index),
         )?;
-        node.start_daemon(&["--log", "info"])?;
+        if let Agent::CalcFlannel = agent {
+            node.start_daemon(&["--log", "info"])?;
+        }
     }
     Ok(c)
 }
 
-fn start_agents(c: &mut FlannelCluster) -> Result<()> {
+fn start_agents(c: &mut FlannelCluster, agent: Agent) -> Result<()> {
     let endpoint = "http://192.168.10.254:2379";
     for index in 1..=c.cluster.nodes.len() as u8 {
-        let args = [
-            "--etcd-endpoints",
-            endpoint,
-            "--iface",
-            "eth0",
-            "--log",
-            "info",
-        ];
-        c.start_agent(index, &args, &[])?;
+        let args = ["--etcd-endpoints", endpoint, "--iface", "eth0"];
+        match agent {
+            Agent::CalcFlannel => {
+                let args: Vec<&str> = args.into_iter().chain(["--log", "info"]).collect();
+                c.start_agent(index, &args, &[])?;
+            }
+            Agent::Flanneld(path) => c.start_flanneld(index, path, &args, &[])?,
+        }
     }
     Ok(())
 }
@@ -206,18 +304,22 @@ pub fn added(line: &str) -> bool {
     !line.starts_with("Deleted") && line.contains(" proto 80")
 }
 
-/// Waits until every monitor has reported `count` more routes of ours
-/// (added, or deleted with `deleted`); the instant the last one did.
-fn await_routes(monitors: &mut [Monitor], count: usize, deleted: bool) -> Result<Instant> {
+/// A route of ours deleted, as `ip monitor` reports it.
+fn deleted(line: &str) -> bool {
+    line.starts_with("Deleted") && line.contains(" proto 80")
+}
+
+/// Waits until every monitor has reported `count` more lines that are
+/// `wanted`; the instant the last one did.
+fn await_routes(
+    monitors: &mut [Monitor],
+    count: usize,
+    wanted: impl Fn(&str) -> bool,
+) -> Result<Instant> {
     for monitor in monitors.iter_mut() {
         let seen = Cell::new(0);
         monitor.wait_for(&format!("{count} routes"), WAIT, |line| {
-            let ours = if deleted {
-                line.starts_with("Deleted") && line.contains(" proto 80")
-            } else {
-                added(line)
-            };
-            if ours {
+            if wanted(line) {
                 seen.set(seen.get() + 1);
             }
             seen.get() >= count
@@ -248,11 +350,44 @@ where
     Ok(())
 }
 
-async fn put_txns(client: &mut EtcdClient, pairs: &[(String, String)]) -> Result<()> {
-    for chunk in pairs.chunks(PER_TXN) {
-        client.put_all(chunk).await?;
-    }
+/// Writes the pairs `PER_TXN` to a transaction, `in_flight` transactions
+/// at a time.
+async fn put_txns(client: &EtcdClient, pairs: &[(String, String)], in_flight: usize) -> Result<()> {
+    let results: Vec<crate::testbed::Result<()>> = futures::stream::iter(pairs.chunks(PER_TXN))
+        .map(|chunk| {
+            let mut client = client.clone();
+            async move { client.put_all(chunk).await }
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    results
+        .into_iter()
+        .collect::<crate::testbed::Result<()>>()?;
     Ok(())
+}
+
+/// A one-node cluster of `agent`, `leases` in etcd before the agent
+/// starts: the time until the last lease's route is in the kernel, and
+/// the cluster, converged.
+fn cold(
+    bench: &Bench,
+    backend: Backend,
+    nodes: u8,
+    agent: Agent,
+    leases: &[(String, String)],
+) -> Result<(Duration, FlannelCluster)> {
+    let mut c = cluster(bench, backend, nodes, agent)?;
+    bench.runtime.block_on(async {
+        let client = c.etcd.client().await?;
+        put_txns(&client, leases, TXNS_IN_FLIGHT).await
+    })?;
+    let mut monitors = monitors(&c)?;
+    let started = Instant::now();
+    start_agents(&mut c, agent)?;
+    let routes = leases.len() + usize::from(nodes) - 1;
+    let converged = await_routes(&mut monitors, routes, |l| agent.added(l))?;
+    Ok((converged - started, c))
 }
 
 fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figures> {
@@ -260,43 +395,40 @@ fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figu
     let others = usize::from(NODES) - 1;
 
     // Cold: the leases are there before any agent starts.
-    let cold = |nodes: u8| -> Result<Duration> {
-        let mut c = cluster(bench, backend, nodes)?;
-        bench.runtime.block_on(async {
-            let mut client = c.etcd.client().await?;
-            put_txns(&mut client, &leases).await
-        })?;
-        let mut monitors = monitors(&c)?;
-        let started = Instant::now();
-        start_agents(&mut c)?;
-        let routes = leases.len() + usize::from(nodes) - 1;
-        Ok(await_routes(&mut monitors, routes, false)? - started)
+    let (cold_one, c) = cold(bench, backend, 1, Agent::CalcFlannel, &leases)?;
+    let node = c.cluster.node(1);
+    let pid = |p: Option<u32>, what: &str| p.with_context(|| format!("{what} is not running"));
+    let rss = Resident {
+        calc_flannel: settled_rss_bytes(pid(c.agent_pid(1), "calc-flannel")?)?,
+        vxmgrd: settled_rss_bytes(pid(node.daemon_pid(), "vxmgrd")?)?,
     };
-    let cold_one = cold(1)?;
-    let cold_all = cold(NODES)?;
+    drop(c);
+    let (cold_all, c) = cold(bench, backend, NODES, Agent::CalcFlannel, &leases)?;
+    drop(c);
 
     // Bursts on a running cluster.
-    let mut c = cluster(bench, backend, NODES)?;
+    let mut c = cluster(bench, backend, NODES, Agent::CalcFlannel)?;
     let mut monitors = monitors(&c)?;
-    start_agents(&mut c)?;
-    await_routes(&mut monitors, others, false)?;
-    let mut client = bench.runtime.block_on(c.etcd.client())?;
+    start_agents(&mut c, Agent::CalcFlannel)?;
+    await_routes(&mut monitors, others, added)?;
+    let client = bench.runtime.block_on(c.etcd.client())?;
     let started = Instant::now();
     let put = async |mut c: EtcdClient, k: String, v: String| c.put(&k, &v).await;
     bench.runtime.block_on(each(&client, &leases, put))?;
-    let burst_single = await_routes(&mut monitors, leases.len(), false)? - started;
+    let burst_single = await_routes(&mut monitors, leases.len(), added)? - started;
     check_all(&c, n)?;
 
     let delete = async |mut c: EtcdClient, k: String, _| c.delete(&k).await;
     bench.runtime.block_on(each(&client, &leases, delete))?;
-    await_routes(&mut monitors, leases.len(), true)?;
+    await_routes(&mut monitors, leases.len(), deleted)?;
 
     let started = Instant::now();
-    bench.runtime.block_on(put_txns(&mut client, &leases))?;
-    let burst_txn = await_routes(&mut monitors, leases.len(), false)? - started;
+    bench.runtime.block_on(put_txns(&client, &leases, 1))?;
+    let burst_txn = await_routes(&mut monitors, leases.len(), added)? - started;
     check_all(&c, n)?;
 
     // One at a time, on the converged cluster.
+    let mut client = client;
     let (mut one, mut one_after_put) = (Vec::new(), Vec::new());
     for i in n..n + singles {
         let (key, value) = lease(backend, i);
@@ -314,6 +446,7 @@ fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figu
     Ok(Figures {
         cold_one,
         cold_all,
+        rss,
         burst_single,
         burst_txn,
         one,
@@ -321,17 +454,27 @@ fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figu
     })
 }
 
+/// flanneld (vxlan) alone on one node with `n` leases in etcd at start.
+fn measure_flanneld(bench: &Bench, flanneld: &Path, n: u32) -> Result<FlanneldFigures> {
+    let leases: Vec<(String, String)> = (0..n).map(|i| lease(Backend::Vxlan, i)).collect();
+    let agent = Agent::Flanneld(flanneld);
+    let (cold_one, c) = cold(bench, Backend::Vxlan, 1, agent, &leases)?;
+    let pid = c.agent_pid(1).context("flanneld is not running")?;
+    Ok(FlanneldFigures {
+        cold_one,
+        rss: settled_rss_bytes(pid)?,
+    })
+}
+
 /// Every node's kernel has a route to each of the `n` leases.
 fn check_all(c: &FlannelCluster, n: u32) -> Result<()> {
     for node in &c.cluster.nodes {
         let routes = crate::testbed::census::routes(&node.ns, vxmgr::model::Family::V4)?;
-        let missing = (0..n)
-            .filter(|i| {
-                !routes
-                    .iter()
-                    .any(|r| r.starts_with(&format!("{} ", dst(*i))))
-            })
-            .count();
+        let dsts: HashSet<&str> = routes
+            .iter()
+            .filter_map(|r| r.split_whitespace().next())
+            .collect();
+        let missing = (0..n).filter(|i| !dsts.contains(dst(*i).as_str())).count();
         ensure!(
             missing == 0,
             "{}: {missing} of {n} leases have no route",

@@ -137,7 +137,11 @@ fn vxlan_steps(v: &mut View, mut step: impl FnMut(&str, Vec<ToDataplane>, &View)
         out,
         v,
     );
-    step("the snapshot a new stream gets", v.snapshot(), v);
+    step(
+        "the snapshot a new stream gets",
+        v.snapshot().collect::<Vec<_>>(),
+        v,
+    );
 
     let mut moved = same_segment.clone();
     moved.attrs.backend_data = Some(serde_json::json!({"VNI": 1, "VtepMAC": "0e:00:00:00:00:22"}));
@@ -198,14 +202,17 @@ fn host_gw_golden() {
         "a node on this segment, one not (without its address: not routed), a vxlan lease (ignored)",
         out,
     );
-    let state = manager_state(&v.snapshot());
+    let state = manager_state(&v.snapshot().collect::<Vec<_>>());
     let waiting = &state.ipv4.unwrap().waiting_routes;
     let far_route = waiting.iter().find(|w| w.dst == "10.244.3.0/24");
     assert!(
         far_route.is_some_and(|w| w.node == "10.244.3.0-24" && w.reason.contains("dstNodeIp")),
         "vxmgrd reports the far node's route as waiting: {waiting:?}"
     );
-    golden.step("the snapshot a new stream gets", v.snapshot());
+    golden.step(
+        "the snapshot a new stream gets",
+        v.snapshot().collect::<Vec<_>>(),
+    );
     golden.step("the near node leaves", v.delete(&near.key));
     golden.check("view-host-gw");
 }
@@ -225,12 +232,12 @@ fn manager_state(messages: &[ToDataplane]) -> vxmgr::wire::vxmgr::v1::DataplaneS
 #[test]
 fn every_change_means_what_a_new_snapshot_says() {
     let mut v = view(DUAL_STACK_VXLAN, vxlan_lease(1, true));
-    let mut stream = v.snapshot();
+    let mut stream = v.snapshot().collect::<Vec<_>>();
     vxlan_steps(&mut v, |what, messages, v| {
         stream.extend(messages);
         assert_eq!(
             manager_state(&stream),
-            manager_state(&v.snapshot()),
+            manager_state(&v.snapshot().collect::<Vec<_>>()),
             "after: {what}"
         );
     });
@@ -239,10 +246,12 @@ fn every_change_means_what_a_new_snapshot_says() {
 #[test]
 fn ip_masq_declares_the_networks_as_masquerading_pools() {
     let own = vxlan_lease(1, true);
-    let plain = view(DUAL_STACK_VXLAN, own.clone()).snapshot();
+    let plain = view(DUAL_STACK_VXLAN, own.clone())
+        .snapshot()
+        .collect::<Vec<_>>();
     let mut v = view(DUAL_STACK_VXLAN, own);
     v.local.ip_masq = true;
-    let pools = manager_state(&v.snapshot()).ip_pools;
+    let pools = manager_state(&v.snapshot().collect::<Vec<_>>()).ip_pools;
     let pools: Vec<(&str, bool)> = pools
         .iter()
         .map(|p| (p.cidr.as_str(), p.masquerade))
@@ -251,5 +260,33 @@ fn ip_masq_declares_the_networks_as_masquerading_pools() {
     assert!(
         manager_state(&plain).ip_pools.is_empty(),
         "none without --ip-masq"
+    );
+}
+
+#[test]
+fn a_listing_loaded_at_start_up_is_what_the_snapshot_sends() {
+    let leases = [
+        vxlan_lease(2, true),
+        vxlan_lease(3, false),
+        vxlan_lease(1, true),
+    ];
+    let mut loaded = view(DUAL_STACK_VXLAN, vxlan_lease(1, true));
+    loaded.load(&leases, &BTreeSet::new());
+    let mut resynced = view(DUAL_STACK_VXLAN, vxlan_lease(1, true));
+    let messages = resynced.resync(&leases, &BTreeSet::new());
+    assert_eq!(
+        loaded.remote_count(),
+        2,
+        "this node's own lease is not a remote"
+    );
+    let snapshot: Vec<ToDataplane> = loaded.snapshot().collect();
+    assert_eq!(snapshot, resynced.snapshot().collect::<Vec<_>>());
+    for message in &messages {
+        assert!(snapshot.contains(message), "{message:?} in the snapshot");
+    }
+    assert_eq!(
+        loaded.resync(&leases, &BTreeSet::new()),
+        Vec::new(),
+        "nothing left to send"
     );
 }

@@ -133,6 +133,11 @@ impl Node {
         self.daemon.is_some()
     }
 
+    /// The running vxmgrd's process id (`ip netns exec` execs it).
+    pub fn daemon_pid(&self) -> Option<u32> {
+        self.daemon.as_ref().map(Child::id)
+    }
+
     /// Stops vxmgrd with `signal` and waits for it.
     pub fn stop_daemon(&mut self, signal: i32) -> Result<ExitStatus> {
         let Some(mut child) = self.daemon.take() else {

@@ -47,6 +47,28 @@ pub struct Subnets {
     pub v6: Option<IpNetwork>,
 }
 
+/// The version the flanneld binary at `path` reports, which must be
+/// v0.20.x: the release whose behaviour the interop follows.
+pub fn flanneld_version(path: &Path) -> Result<String> {
+    let command = format!("{} --version", path.display());
+    let output = Command::new(path)
+        .arg("--version")
+        .output()
+        .map_err(|source| TestbedError::Spawn {
+            command: command.clone(),
+            source,
+        })?;
+    // flanneld prints its version on stderr.
+    let version = String::from_utf8_lossy(&output.stderr).trim().to_string();
+    if !version.starts_with("v0.20.") {
+        return Err(TestbedError::Output {
+            command,
+            reason: format!("flanneld {version:?}, not v0.20.x"),
+        });
+    }
+    Ok(version)
+}
+
 impl FlannelCluster {
     /// `n` nodes (see `Cluster::new`), no daemon or agent running yet, and
     /// etcd serving on the underlay.
@@ -224,6 +246,12 @@ impl FlannelCluster {
         });
         self.agents[usize::from(index) - 1] = Some(child);
         Ok(())
+    }
+
+    /// Node `index`'s running agent's process id (`ip netns exec` execs
+    /// it).
+    pub fn agent_pid(&self, index: u8) -> Option<u32> {
+        self.agents[usize::from(index) - 1].as_ref().map(Child::id)
     }
 
     /// Stops node `index`'s agent with `signal` and waits for it.

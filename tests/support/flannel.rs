@@ -8,7 +8,7 @@ use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use super::Daemon;
-use super::testbed::{FlannelCluster, etcd};
+use super::testbed::{self, FlannelCluster, etcd};
 
 use super::cni;
 use super::netns::{binaries, can_run as netns_can_run};
@@ -69,17 +69,9 @@ pub fn flanneld(test: &str) -> Option<PathBuf> {
         ));
         return None;
     };
-    // flanneld prints its version on stderr.
-    let output = Command::new(&path)
-        .arg("--version")
-        .output()
-        .unwrap_or_else(|e| panic!("{test}: FLANNELD={}: {e}", path.display()));
-    let version = String::from_utf8_lossy(&output.stderr).trim().to_string();
-    assert!(
-        version.starts_with("v0.20."),
-        "{test}: FLANNELD={} is flanneld {version:?}, not v0.20.x",
-        path.display()
-    );
+    if let Err(e) = testbed::flannel::flanneld_version(&path) {
+        panic!("{test}: FLANNELD={}: {e}", path.display());
+    }
     Some(path)
 }
 
