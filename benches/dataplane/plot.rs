@@ -133,7 +133,7 @@ fn load_font() -> Result<()> {
 
 /// 20000 → "20k", 2500 → "2.5k".
 fn thousands(n: u32) -> String {
-    if n % 1000 == 0 {
+    if n.is_multiple_of(1000) {
         format!("{}k", n / 1000)
     } else {
         format!("{:.1}k", f64::from(n) / 1000.0)
