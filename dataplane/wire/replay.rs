@@ -60,11 +60,6 @@ pub fn read_file(path: &Path) -> Result<Vec<ToDataplane>, ReplayError> {
     read(path, ReplayFormat::for_path(path), open(path)?)
 }
 
-/// Every message of a replay file as bytes to send (see `MessageBytes`).
-pub fn read_file_bytes(path: &Path) -> Result<Vec<Bytes>, ReplayError> {
-    MessageBytes::open(path)?.collect()
-}
-
 /// A replay file's messages as bytes to send, read one at a time, so that
 /// they can be sent while the rest of the file is read: a Felix-framed
 /// file's frames as they are (unknown fields and kinds, and messages that
@@ -344,7 +339,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("capture.bin");
         std::fs::write(&path, &w.out).unwrap();
-        let bytes = read_file_bytes(&path).unwrap();
+        let bytes: Vec<Bytes> = MessageBytes::open(&path)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
         assert_eq!(bytes, [known.as_slice(), &[0xff, 0xff]]);
         let mut jsonl = ReplayWriter::new(Vec::new(), ReplayFormat::Jsonl);
         for r in &received {
