@@ -5,6 +5,7 @@ pub mod calc_source;
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod dense_map;
 pub mod desired;
 pub mod fuzzing;
 pub mod kernel;

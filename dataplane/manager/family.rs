@@ -17,6 +17,9 @@
 //! | local block | blackhole |
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+
+use super::node_routes::NodeRoutes;
+use crate::dense_map::DenseMap;
 use std::borrow::Borrow;
 use std::hash::{Hash, Hasher};
 use std::net::IpAddr;
@@ -68,9 +71,9 @@ impl FamilySettings {
     }
 }
 
-/// A route to another node's pods or tunnel address. Held in a set and
-/// known by its destination alone: one 32-byte entry, where a map from
-/// the destination to the rest pads the two apart into 40.
+/// A route to another node's pods or tunnel address. Held as a key alone
+/// and known by its destination: one 32-byte entry, where a map from the
+/// destination to the rest pads the two apart into 40.
 #[derive(Clone, Debug)]
 struct RemoteRoute {
     dst: IpNetwork,
@@ -198,19 +201,19 @@ pub struct FamilyManager {
     parent_ip: Option<IpAddr>,
     /// Shared by every direct route and nexthop through it.
     parent: Option<Arc<ParentInterface>>,
-    remote_vteps: HashMap<ArcStr, RemoteVtep>,
+    remote_vteps: DenseMap<ArcStr, RemoteVtep>,
     /// MACs of complete remote VTEPs.
-    node_by_mac: HashMap<MacAddr, ArcStr>,
+    node_by_mac: DenseMap<MacAddr, ArcStr>,
     /// Tunnel addresses of every remote VTEP.
-    node_by_tunnel_ip: HashMap<IpAddr, ArcStr>,
+    node_by_tunnel_ip: DenseMap<IpAddr, ArcStr>,
     /// How many reasons each ipset member has to be there (external CIDR,
     /// parent address of one or more VTEPs).
-    ipset_refs: HashMap<IpNetwork, u32>,
-    remote_routes: HashSet<RemoteRoute>,
+    ipset_refs: DenseMap<IpNetwork, u32>,
+    remote_routes: DenseMap<RemoteRoute, ()>,
     local_blocks: HashSet<IpNetwork>,
     /// Each remote node's routes, in no order: a node has a handful of
-    /// blocks, and a list holds them in a fraction of a set's memory.
-    routes_by_node: HashMap<ArcStr, Vec<IpNetwork>>,
+    /// blocks, and a packed list holds them in a fraction of a set's memory.
+    routes_by_node: DenseMap<ArcStr, NodeRoutes>,
     /// Remote routes that go direct when the parent interface is known,
     /// and the node address they go via: kept apart from `remote_routes`,
     /// so that routes through the tunnel do not pay for the address.
@@ -236,13 +239,13 @@ impl FamilyManager {
             local_vtep: None,
             parent_ip: None,
             parent: None,
-            remote_vteps: HashMap::new(),
-            node_by_mac: HashMap::new(),
-            node_by_tunnel_ip: HashMap::new(),
-            ipset_refs: HashMap::new(),
-            remote_routes: HashSet::new(),
+            remote_vteps: DenseMap::default(),
+            node_by_mac: DenseMap::default(),
+            node_by_tunnel_ip: DenseMap::default(),
+            ipset_refs: DenseMap::default(),
+            remote_routes: DenseMap::default(),
             local_blocks: HashSet::new(),
-            routes_by_node: HashMap::new(),
+            routes_by_node: DenseMap::default(),
             direct_routes: HashMap::new(),
             direct_gateways: HashMap::new(),
             local_hosts: HashMap::new(),
@@ -333,7 +336,7 @@ impl FamilyManager {
     fn mark_all_routes_dirty(&mut self) {
         self.dirty
             .routes
-            .extend(self.remote_routes.iter().map(|r| r.dst));
+            .extend(self.remote_routes.keys().map(|r| r.dst));
         self.dirty.routes.extend(self.local_blocks.iter().copied());
     }
 
@@ -344,12 +347,9 @@ impl FamilyManager {
         let forgot = self.forget_route(route.dst);
         if let Some(kind) = route.remote_kind() {
             let node = self.intern_node(&route.node);
-            let routes = self.routes_by_node.entry(node.clone()).or_default();
-            // Grown by a quarter, not doubled: most lists stay exactly full.
-            if routes.len() == routes.capacity() {
-                routes.reserve_exact(routes.len() / 4 + 1);
-            }
-            routes.push(route.dst);
+            (self.routes_by_node)
+                .get_or_insert_with(node.clone(), NodeRoutes::default)
+                .push(route.dst);
             if let Some(gateway) = route.direct_via() {
                 self.direct_routes.insert(route.dst, gateway);
                 let users = self.direct_gateways.entry(gateway).or_insert(0);
@@ -358,12 +358,13 @@ impl FamilyManager {
                     self.dirty.nexthops.insert(NexthopKey::Direct(gateway));
                 }
             }
-            self.remote_routes.insert(RemoteRoute {
+            let remote = RemoteRoute {
                 dst: route.dst,
                 node,
                 kind,
                 no_encap: route.is_no_encap(),
-            });
+            };
+            self.remote_routes.insert(remote, ());
         } else if route.is_local_block() {
             self.local_blocks.insert(route.dst);
         } else if let Some(ip) = route
@@ -386,12 +387,10 @@ impl FamilyManager {
     }
 
     fn forget_route(&mut self, dst: IpNetwork) -> bool {
-        let remote = self.remote_routes.take(&dst);
-        if let Some(r) = &remote {
+        let remote = self.remote_routes.remove_entry(&dst);
+        if let Some((r, ())) = &remote {
             if let Some(routes) = self.routes_by_node.get_mut(&r.node) {
-                if let Some(at) = routes.iter().position(|d| *d == dst) {
-                    routes.swap_remove(at);
-                }
+                routes.remove(dst);
                 if routes.is_empty() {
                     self.routes_by_node.remove(&r.node);
                 }
@@ -575,12 +574,12 @@ impl FamilyManager {
             .nexthops
             .insert(NexthopKey::Tunnel(self.family, node.clone()));
         if let Some(routes) = self.routes_by_node.get(node) {
-            self.dirty.routes.extend(routes.iter().copied());
+            self.dirty.routes.extend(routes.iter());
         }
     }
 
     fn ref_ipset(&mut self, net: IpNetwork) {
-        let refs = self.ipset_refs.entry(net).or_insert(0);
+        let refs = self.ipset_refs.get_or_insert_with(net, || 0);
         *refs += 1;
         if *refs == 1 {
             self.dirty.ipset.insert(net);
@@ -630,7 +629,7 @@ impl FamilyManager {
             protocol,
             mtu,
         };
-        let Some(remote) = self.remote_routes.get(dst) else {
+        let Some((remote, ())) = self.remote_routes.get_key_value(dst) else {
             return self
                 .local_blocks
                 .contains(dst)
@@ -691,7 +690,7 @@ impl FamilyManager {
     }
 
     fn complete_vtep(&self, node: &ArcStr) -> Option<&VtepAddresses> {
-        self.remote_vteps[node].complete()
+        self.remote_vteps.get(node)?.complete()
     }
 
     fn desired_neighbor(&self, address: &IpAddr) -> Option<Neighbor> {
@@ -780,7 +779,7 @@ impl FamilyManager {
     pub fn snapshot(&self) -> FamilySnapshot {
         let mut routes = Vec::new();
         let mut waiting_routes = Vec::new();
-        for remote in &self.remote_routes {
+        for remote in self.remote_routes.keys() {
             match self.desired_route(&remote.dst) {
                 Some(r) => routes.push(r),
                 None => waiting_routes.push(WaitingRoute {

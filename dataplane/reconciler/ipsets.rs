@@ -31,7 +31,6 @@ impl<B: KernelBackend> Reconciler<B> {
                     .all_desired()
                     .map(|(key, _)| key)
                     .filter(|m| Family::of_net(m) == family)
-                    .copied()
                     .collect();
                 members.sort();
                 IpsetChange::Replace { members }

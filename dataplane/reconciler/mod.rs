@@ -5,12 +5,14 @@
 pub mod census;
 mod device;
 mod firewall;
+mod held;
 mod host;
 mod ipsets;
 mod links;
 mod nexthops;
 mod notifications;
 mod render;
+mod slots;
 mod table;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -533,7 +535,7 @@ impl<B: KernelBackend> Reconciler<B> {
             self.nexthops
                 .all_desired()
                 .filter(|(k, _)| ids.get(k).is_none())
-                .map(|(k, _)| k.clone()),
+                .map(|(k, _)| k),
         );
         let ctx = Context::new(
             &self.devices,

@@ -1,77 +1,23 @@
 //! Desired objects in kernel terms: device names become interface indexes,
 //! a route's gateway becomes its nexthop's id when nexthops are in use.
-//! Also how a table holds each kind beside its key, without the parts the
-//! key already says.
-
-use std::net::IpAddr;
-use std::num::NonZeroU32;
 
 use ipnetwork::IpNetwork;
 
+use super::held::RouteSlots;
+use super::slots::HeldSlots;
 use super::table::{Programmable, RenderContext};
 use crate::desired::Desired;
 use crate::desired::{
-    FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey, NexthopVia, Route, RouteTarget,
+    FdbEntry, IpsetMember, Neighbor, Nexthop, NexthopKey, NexthopVia, Route, RouteTarget,
 };
 use crate::kernel::objects::{
     IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia,
 };
-use crate::model::{Family, MacAddr};
-
-/// A route less its destination, the key of the routes table.
-#[derive(Clone, Debug)]
-pub struct HeldRoute {
-    target: RouteTarget,
-    protocol: u8,
-    mtu: Option<NonZeroU32>,
-}
-
-/// A kernel route less its destination.
-#[derive(Clone, Copy, Debug)]
-pub struct HeldKernelRoute {
-    via: KernelRouteVia,
-    mtu: Option<NonZeroU32>,
-    protocol: u8,
-}
+use crate::model::Family;
 
 impl Programmable for Route {
     type Kernel = KernelRoute;
-    type Held = HeldRoute;
-    type HeldKernel = HeldKernelRoute;
-
-    fn hold(self) -> HeldRoute {
-        HeldRoute {
-            target: self.target,
-            protocol: self.protocol,
-            mtu: self.mtu,
-        }
-    }
-
-    fn unhold(dst: &IpNetwork, held: &HeldRoute) -> Route {
-        Route {
-            dst: *dst,
-            target: held.target.clone(),
-            protocol: held.protocol,
-            mtu: held.mtu,
-        }
-    }
-
-    fn hold_kernel(kernel: KernelRoute) -> HeldKernelRoute {
-        HeldKernelRoute {
-            via: kernel.via,
-            mtu: kernel.mtu,
-            protocol: kernel.protocol,
-        }
-    }
-
-    fn unhold_kernel(dst: &IpNetwork, held: HeldKernelRoute) -> KernelRoute {
-        KernelRoute {
-            dst: *dst,
-            protocol: held.protocol,
-            via: held.via,
-            mtu: held.mtu,
-        }
-    }
+    type Slots = RouteSlots;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelRoute> {
         let family = Family::of_net(&self.dst);
@@ -138,28 +84,9 @@ impl Programmable for Route {
     }
 }
 
-/// Nexthops are few (one per node), and their key says little of them:
-/// held whole.
 impl Programmable for Nexthop {
     type Kernel = KernelNexthop;
-    type Held = Nexthop;
-    type HeldKernel = KernelNexthop;
-
-    fn hold(self) -> Nexthop {
-        self
-    }
-
-    fn unhold(_: &NexthopKey, held: &Nexthop) -> Nexthop {
-        held.clone()
-    }
-
-    fn hold_kernel(kernel: KernelNexthop) -> KernelNexthop {
-        kernel
-    }
-
-    fn unhold_kernel(_: &NexthopKey, held: KernelNexthop) -> KernelNexthop {
-        held
-    }
+    type Slots = HeldSlots<Nexthop>;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelNexthop> {
         let ifindex = match &self.via {
@@ -189,44 +116,9 @@ impl Programmable for Nexthop {
     }
 }
 
-/// A kernel neighbour less its address, the key.
-#[derive(Clone, Copy, Debug)]
-pub struct HeldKernelNeighbor {
-    ifindex: u32,
-    mac: MacAddr,
-}
-
 impl Programmable for Neighbor {
     type Kernel = KernelNeighbor;
-    /// The address is the key.
-    type Held = MacAddr;
-    type HeldKernel = HeldKernelNeighbor;
-
-    fn hold(self) -> MacAddr {
-        self.mac
-    }
-
-    fn unhold(address: &IpAddr, mac: &MacAddr) -> Neighbor {
-        Neighbor {
-            address: *address,
-            mac: *mac,
-        }
-    }
-
-    fn hold_kernel(kernel: KernelNeighbor) -> HeldKernelNeighbor {
-        HeldKernelNeighbor {
-            ifindex: kernel.ifindex,
-            mac: kernel.mac,
-        }
-    }
-
-    fn unhold_kernel(address: &IpAddr, held: HeldKernelNeighbor) -> KernelNeighbor {
-        KernelNeighbor {
-            ifindex: held.ifindex,
-            address: *address,
-            mac: held.mac,
-        }
-    }
+    type Slots = HeldSlots<Neighbor>;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelNeighbor> {
         Some(KernelNeighbor {
@@ -245,45 +137,9 @@ impl Programmable for Neighbor {
     }
 }
 
-/// A kernel FDB entry less its MAC, which the key holds.
-#[derive(Clone, Copy, Debug)]
-pub struct HeldKernelFdb {
-    ifindex: u32,
-    destination: IpAddr,
-}
-
 impl Programmable for FdbEntry {
     type Kernel = KernelFdb;
-    /// The family and the MAC are the key.
-    type Held = IpAddr;
-    type HeldKernel = HeldKernelFdb;
-
-    fn hold(self) -> IpAddr {
-        self.destination
-    }
-
-    fn unhold(key: &FdbKey, destination: &IpAddr) -> FdbEntry {
-        FdbEntry {
-            family: key.0,
-            mac: key.1,
-            destination: *destination,
-        }
-    }
-
-    fn hold_kernel(kernel: KernelFdb) -> HeldKernelFdb {
-        HeldKernelFdb {
-            ifindex: kernel.ifindex,
-            destination: kernel.destination,
-        }
-    }
-
-    fn unhold_kernel(key: &FdbKey, held: HeldKernelFdb) -> KernelFdb {
-        KernelFdb {
-            ifindex: held.ifindex,
-            mac: key.1,
-            destination: held.destination,
-        }
-    }
+    type Slots = HeldSlots<FdbEntry>;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelFdb> {
         Some(KernelFdb {
@@ -306,21 +162,7 @@ impl Programmable for FdbEntry {
 /// merges each family's into one `IpsetChange`.
 impl Programmable for IpsetMember {
     type Kernel = IpNetwork;
-    /// A member is its key.
-    type Held = ();
-    type HeldKernel = ();
-
-    fn hold(self) {}
-
-    fn unhold(member: &IpNetwork, _: &()) -> IpsetMember {
-        IpsetMember(*member)
-    }
-
-    fn hold_kernel(_: IpNetwork) {}
-
-    fn unhold_kernel(member: &IpNetwork, _: ()) -> IpNetwork {
-        *member
-    }
+    type Slots = HeldSlots<IpsetMember>;
 
     fn render(&self, _: &dyn RenderContext) -> Option<IpNetwork> {
         Some(self.0)

@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use foldhash::{HashMap, HashSet};
 
+use super::slots::Slots;
+
 use crate::config::DeviceNames;
 use crate::desired::{Change, Desired, NexthopKey};
 use crate::kernel::KernelError;
@@ -31,19 +33,8 @@ pub trait RenderContext {
 /// How a kind of desired object maps onto the kernel.
 pub trait Programmable: Desired {
     type Kernel: Copy + PartialEq + fmt::Debug;
-    /// The desired object as a table holds it beside its key: without what
-    /// the key already says (a route's destination, an entry's address),
-    /// which a hundred thousand objects would otherwise store two and three
-    /// times.
-    type Held;
-    /// The kernel form as a table holds it beside its key.
-    type HeldKernel: Copy;
-    fn hold(self) -> Self::Held;
-    /// The object held for `key`; `hold` then `unhold` gives it back as it
-    /// was, for an object whose key is `key`.
-    fn unhold(key: &Self::Key, held: &Self::Held) -> Self;
-    fn hold_kernel(kernel: Self::Kernel) -> Self::HeldKernel;
-    fn unhold_kernel(key: &Self::Key, held: Self::HeldKernel) -> Self::Kernel;
+    /// How a table keeps objects of this kind.
+    type Slots: Slots<Self>;
     /// The kernel form, or `None` while something it needs is missing.
     fn render(&self, ctx: &dyn RenderContext) -> Option<Self::Kernel>;
     fn replace_op(kernel: &Self::Kernel) -> KernelOp;
@@ -170,24 +161,9 @@ pub struct Contested {
     pub until: Instant,
 }
 
-/// What vxmgr wants of one object and what the kernel holds of it, in one
-/// entry: a key is stored once for both. Never both `None`.
-struct Slot<D: Programmable> {
-    desired: Option<D::Held>,
-    actual: Option<D::HeldKernel>,
-}
-
-impl<D: Programmable> Default for Slot<D> {
-    fn default() -> Self {
-        Slot {
-            desired: None,
-            actual: None,
-        }
-    }
-}
-
 pub struct Table<D: Programmable> {
-    slots: HashMap<D::Key, Slot<D>>,
+    /// What is wanted and what the kernel holds, by key.
+    slots: D::Slots,
     /// Keys that may need an add or a change.
     pending: HashSet<D::Key>,
     /// Keys nothing wants that may still be in the kernel.
@@ -208,7 +184,7 @@ impl<D: Programmable> Table<D> {
     /// for a time in proportion to the window.
     pub fn new(contest_window: Duration) -> Self {
         Table {
-            slots: HashMap::default(),
+            slots: D::Slots::default(),
             pending: HashSet::default(),
             stale: HashSet::default(),
             failed: HashMap::default(),
@@ -221,69 +197,45 @@ impl<D: Programmable> Table<D> {
 
     /// What vxmgr wants for `key`.
     pub fn desired(&self, key: &D::Key) -> Option<D> {
-        let held = self.slots.get(key)?.desired.as_ref()?;
-        Some(D::unhold(key, held))
+        self.slots.desired(key)
     }
 
     /// Whether vxmgr wants anything for `key`.
     pub fn is_desired(&self, key: &D::Key) -> bool {
-        self.slots
-            .get(key)
-            .is_some_and(|slot| slot.desired.is_some())
+        self.slots.is_desired(key)
     }
 
     /// What the kernel holds for `key`, as far as vxmgr knows.
     pub fn actual(&self, key: &D::Key) -> Option<D::Kernel> {
-        let held = self.slots.get(key)?.actual?;
-        Some(D::unhold_kernel(key, held))
+        self.slots.actual(key)
     }
 
     /// Every wanted object.
-    pub fn all_desired(&self) -> impl Iterator<Item = (&D::Key, D)> {
-        (self.slots.iter())
-            .filter_map(|(key, slot)| Some((key, D::unhold(key, slot.desired.as_ref()?))))
+    pub fn all_desired(&self) -> impl Iterator<Item = (D::Key, D)> {
+        self.slots.each_desired().map(|(key, d, _)| (key, d))
     }
 
     /// Every object of ours the kernel holds.
     pub fn all_actual(&self) -> impl Iterator<Item = D::Kernel> {
-        (self.slots.iter()).filter_map(|(key, slot)| Some(D::unhold_kernel(key, slot.actual?)))
+        self.slots.each().filter_map(|(_, _, actual)| actual)
     }
 
     /// Records what the kernel holds for `key` (`None`: nothing) and
     /// returns what it held before.
     pub fn set_actual(&mut self, key: D::Key, kernel: Option<D::Kernel>) -> Option<D::Kernel> {
-        let old = match kernel {
-            Some(kernel) => {
-                let slot = self.slots.entry(key.clone()).or_default();
-                slot.actual.replace(D::hold_kernel(kernel))
-            }
-            None => {
-                let slot = self.slots.get_mut(&key)?;
-                let old = slot.actual.take();
-                if slot.desired.is_none() {
-                    self.slots.remove(&key);
-                }
-                old
-            }
-        };
-        old.map(|held| D::unhold_kernel(&key, held))
+        self.slots.set_actual(&key, kernel)
     }
 
     pub fn set_desired(&mut self, change: Change<D>) {
         match change.desired {
             Some(d) => {
                 debug_assert_eq!(d.key(), change.key, "a change's key is its object's");
-                self.slots.entry(change.key.clone()).or_default().desired = Some(d.hold());
+                self.slots.set_desired(&change.key, Some(d));
                 self.stale.remove(&change.key);
                 self.pending.insert(change.key);
             }
             None => {
-                if let Some(slot) = self.slots.get_mut(&change.key) {
-                    slot.desired = None;
-                    if slot.actual.is_none() {
-                        self.slots.remove(&change.key);
-                    }
-                }
+                self.slots.set_desired(&change.key, None);
                 self.pending.remove(&change.key);
                 self.waiting.remove(&change.key);
                 self.stale.insert(change.key);
@@ -293,10 +245,7 @@ impl<D: Programmable> Table<D> {
 
     /// A new stream declares everything again.
     pub fn clear_desired(&mut self) {
-        self.slots.retain(|_, slot| {
-            slot.desired = None;
-            slot.actual.is_some()
-        });
+        self.slots.clear_desired();
         self.failed.clear();
         self.waiting.clear();
         self.pending.clear();
@@ -312,23 +261,16 @@ impl<D: Programmable> Table<D> {
         actual: impl IntoIterator<Item = (D::Key, D::Kernel)>,
         ctx: &dyn RenderContext,
     ) {
-        self.slots.retain(|_, slot| {
-            slot.actual = None;
-            slot.desired.is_some()
-        });
+        self.slots.clear_actual();
         for (key, kernel) in actual {
-            self.slots.entry(key).or_default().actual = Some(D::hold_kernel(kernel));
+            self.slots.set_actual(&key, Some(kernel));
         }
-        for (key, slot) in &self.slots {
-            let Some(desired) = &slot.desired else {
-                continue;
-            };
-            let actual = slot.actual.map(|held| D::unhold_kernel(key, held));
-            let right = D::unhold(key, desired)
+        for (key, desired, actual) in self.slots.each_desired() {
+            let right = desired
                 .render(ctx)
                 .is_some_and(|kernel| actual == Some(kernel));
             if !right {
-                self.pending.insert(key.clone());
+                self.pending.insert(key);
             }
         }
         self.mark_stale();
@@ -336,25 +278,21 @@ impl<D: Programmable> Table<D> {
 
     /// Marks for deletion everything in the kernel that nothing wants.
     pub fn mark_stale(&mut self) {
-        let unwanted = self.slots.iter().filter(|(_, slot)| slot.desired.is_none());
-        self.stale.extend(unwanted.map(|(key, _)| key.clone()));
+        let unwanted = self.slots.each().filter(|(_, desired, _)| !desired);
+        self.stale.extend(unwanted.map(|(key, _, _)| key));
     }
 
     /// Marks every wanted object for a re-check (its device came back).
     pub fn mark_all_pending(&mut self) {
-        let wanted = self.slots.iter().filter(|(_, slot)| slot.desired.is_some());
-        self.pending.extend(wanted.map(|(key, _)| key.clone()));
+        let wanted = self.slots.each().filter(|(_, desired, _)| *desired);
+        self.pending.extend(wanted.map(|(key, _, _)| key));
     }
 
     /// The kernel removed these objects by itself (their device or nexthop went).
     pub fn forget_actual(&mut self, gone: impl Fn(&D::Kernel) -> bool) {
-        let keys: Vec<D::Key> = self
-            .slots
-            .iter()
-            .filter(|(key, slot)| {
-                (slot.actual).is_some_and(|held| gone(&D::unhold_kernel(key, held)))
-            })
-            .map(|(key, _)| key.clone())
+        let keys: Vec<D::Key> = (self.slots.each())
+            .filter(|(_, _, actual)| actual.as_ref().is_some_and(&gone))
+            .map(|(key, _, _)| key)
             .collect();
         for key in keys {
             self.forget_one(key);
@@ -476,7 +414,7 @@ impl<D: Programmable> Table<D> {
             .filter_map(|(key, c)| c.until.take_if(|until| *until <= now).map(|_| key));
         let slots = &self.slots;
         for key in failed.chain(backed_off) {
-            if slots.get(key).is_some_and(|slot| slot.desired.is_some()) {
+            if slots.is_desired(key) {
                 self.pending.insert(key.clone());
             } else {
                 self.stale.insert(key.clone());
@@ -509,7 +447,7 @@ impl<D: Programmable> Table<D> {
 
     /// Whether `key` has nothing desired and nothing in the kernel.
     pub fn is_gone(&self, key: &D::Key) -> bool {
-        !self.slots.contains_key(key)
+        !self.slots.contains(key)
     }
 
     /// Adds and changes for pending keys. Keys that cannot be rendered yet
@@ -518,17 +456,14 @@ impl<D: Programmable> Table<D> {
         let mut plan = Plan::default();
         let mut waiting = Vec::new();
         for key in std::mem::take(&mut self.pending) {
-            let Some(slot) = self.slots.get(&key) else {
+            let Some(desired) = self.slots.desired(&key) else {
                 continue;
             };
-            let Some(desired) = &slot.desired else {
-                continue;
-            };
-            let Some(kernel) = D::unhold(&key, desired).render(ctx) else {
+            let Some(kernel) = desired.render(ctx) else {
                 waiting.push(key);
                 continue;
             };
-            let effect = match slot.actual.map(|held| D::unhold_kernel(&key, held)) {
+            let effect = match self.slots.actual(&key) {
                 Some(a) if a == kernel => {
                     self.settled(&key);
                     continue;
@@ -553,16 +488,16 @@ impl<D: Programmable> Table<D> {
     pub fn plan_deletes(&mut self, sweep: bool) -> Plan<D> {
         let mut plan = Plan::default();
         for key in std::mem::take(&mut self.stale) {
-            match self.slots.get(&key) {
-                Some(Slot {
-                    desired: None,
-                    actual: Some(held),
-                }) if sweep => plan.push(Planned {
-                    kernel: D::unhold_kernel(&key, *held),
+            let unwanted = (sweep && !self.slots.is_desired(&key))
+                .then(|| self.slots.actual(&key))
+                .flatten();
+            match unwanted {
+                Some(kernel) => plan.push(Planned {
+                    kernel,
                     key,
                     effect: Effect::Removed,
                 }),
-                _ => self.settled(&key),
+                None => self.settled(&key),
             }
         }
         plan

@@ -1,0 +1,204 @@
+//! How a table keeps, for each key, what vxmgr wants and what the kernel
+//! holds: one entry for both, in a dense map, each object held without what
+//! its key already says. A hundred thousand nodes make half a million
+//! routes, so the bytes of one entry are the daemon's memory.
+
+use std::hash::Hash;
+
+use super::table::Programmable;
+use crate::dense_map::DenseMap;
+
+/// The storage of one kind's objects, by key. A slot goes once neither a
+/// desired object nor a kernel one is left in it.
+pub trait Slots<D: Programmable>: Default {
+    fn desired(&self, key: &D::Key) -> Option<D>;
+    fn is_desired(&self, key: &D::Key) -> bool;
+    fn actual(&self, key: &D::Key) -> Option<D::Kernel>;
+    /// Whether anything is held for `key`.
+    fn contains(&self, key: &D::Key) -> bool;
+    fn set_desired(&mut self, key: &D::Key, desired: Option<D>);
+    /// Returns what the kernel held before.
+    fn set_actual(&mut self, key: &D::Key, actual: Option<D::Kernel>) -> Option<D::Kernel>;
+    /// Forgets every desired object.
+    fn clear_desired(&mut self);
+    /// Forgets every kernel object.
+    fn clear_actual(&mut self);
+    /// Every slot: its key, whether something is wanted, what the kernel holds.
+    fn each(&self) -> impl Iterator<Item = (D::Key, bool, Option<D::Kernel>)>;
+    /// Every wanted object, with what the kernel holds for it.
+    fn each_desired(&self) -> impl Iterator<Item = (D::Key, D, Option<D::Kernel>)>;
+}
+
+/// How objects of one kind are held beside their keys: the parts the key
+/// says are left out, and the key itself may be stored in a smaller form.
+pub trait Holding {
+    type Object: Programmable;
+    /// The key as stored.
+    type Stored: Hash + Eq;
+    type Held;
+    type HeldKernel: Copy;
+    fn store_key(key: &<Self::Object as crate::desired::Desired>::Key) -> Self::Stored;
+    fn key(stored: &Self::Stored) -> <Self::Object as crate::desired::Desired>::Key;
+    fn hold(object: Self::Object) -> Self::Held;
+    /// `hold` then `unhold` gives the object back as it was.
+    fn unhold(key: &Self::Stored, held: &Self::Held) -> Self::Object;
+    fn hold_kernel(kernel: <Self::Object as Programmable>::Kernel) -> Self::HeldKernel;
+    fn unhold_kernel(
+        key: &Self::Stored,
+        held: Self::HeldKernel,
+    ) -> <Self::Object as Programmable>::Kernel;
+}
+
+/// What is wanted of one key and what the kernel holds of it.
+struct Slot<H, K> {
+    desired: Option<H>,
+    actual: Option<K>,
+}
+
+impl<H, K> Default for Slot<H, K> {
+    fn default() -> Self {
+        Slot {
+            desired: None,
+            actual: None,
+        }
+    }
+}
+
+/// Slots of one holding in one dense map.
+pub struct HeldSlots<H: Holding> {
+    map: DenseMap<H::Stored, Slot<H::Held, H::HeldKernel>>,
+}
+
+impl<H: Holding> Default for HeldSlots<H> {
+    fn default() -> Self {
+        HeldSlots {
+            map: DenseMap::default(),
+        }
+    }
+}
+
+type Key<H> = <<H as Holding>::Object as crate::desired::Desired>::Key;
+type Kernel<H> = <<H as Holding>::Object as Programmable>::Kernel;
+
+impl<H: Holding> HeldSlots<H> {
+    pub fn desired(&self, key: &Key<H>) -> Option<H::Object> {
+        let stored = H::store_key(key);
+        let held = self.map.get(&stored)?.desired.as_ref()?;
+        Some(H::unhold(&stored, held))
+    }
+
+    pub fn is_desired(&self, key: &Key<H>) -> bool {
+        (self.map.get(&H::store_key(key))).is_some_and(|slot| slot.desired.is_some())
+    }
+
+    pub fn actual(&self, key: &Key<H>) -> Option<Kernel<H>> {
+        let stored = H::store_key(key);
+        let held = self.map.get(&stored)?.actual?;
+        Some(H::unhold_kernel(&stored, held))
+    }
+
+    pub fn contains(&self, key: &Key<H>) -> bool {
+        self.map.contains_key(&H::store_key(key))
+    }
+
+    pub fn set_desired(&mut self, key: &Key<H>, desired: Option<H::Object>) {
+        let stored = H::store_key(key);
+        match desired {
+            Some(d) => {
+                self.map.get_or_insert_with(stored, Slot::default).desired = Some(H::hold(d));
+            }
+            None => {
+                if let Some(slot) = self.map.get_mut(&stored) {
+                    slot.desired = None;
+                    if slot.actual.is_none() {
+                        self.map.remove(&stored);
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn set_actual(&mut self, key: &Key<H>, actual: Option<Kernel<H>>) -> Option<Kernel<H>> {
+        let stored = H::store_key(key);
+        let old = match actual {
+            Some(kernel) => {
+                let slot = self
+                    .map
+                    .get_or_insert_with(H::store_key(key), Slot::default);
+                slot.actual.replace(H::hold_kernel(kernel))
+            }
+            None => {
+                let slot = self.map.get_mut(&stored)?;
+                let old = slot.actual.take();
+                if slot.desired.is_none() {
+                    self.map.remove(&stored);
+                }
+                old
+            }
+        };
+        old.map(|held| H::unhold_kernel(&stored, held))
+    }
+
+    pub fn clear_desired(&mut self) {
+        self.map.retain(|_, slot| {
+            slot.desired = None;
+            slot.actual.is_some()
+        });
+    }
+
+    pub fn clear_actual(&mut self) {
+        self.map.retain(|_, slot| {
+            slot.actual = None;
+            slot.desired.is_some()
+        });
+    }
+
+    pub fn each(&self) -> impl Iterator<Item = (Key<H>, bool, Option<Kernel<H>>)> {
+        self.map.iter().map(|(stored, slot)| {
+            let actual = slot.actual.map(|held| H::unhold_kernel(stored, held));
+            (H::key(stored), slot.desired.is_some(), actual)
+        })
+    }
+
+    pub fn each_desired(&self) -> impl Iterator<Item = (Key<H>, H::Object, Option<Kernel<H>>)> {
+        self.map.iter().filter_map(|(stored, slot)| {
+            let desired = H::unhold(stored, slot.desired.as_ref()?);
+            let actual = slot.actual.map(|held| H::unhold_kernel(stored, held));
+            Some((H::key(stored), desired, actual))
+        })
+    }
+}
+
+/// A kind held in one map: its table's slots are [`HeldSlots`] of itself.
+impl<H: Holding<Object = H> + Programmable> Slots<H> for HeldSlots<H> {
+    fn desired(&self, key: &H::Key) -> Option<H> {
+        HeldSlots::desired(self, key)
+    }
+    fn is_desired(&self, key: &H::Key) -> bool {
+        HeldSlots::is_desired(self, key)
+    }
+    fn actual(&self, key: &H::Key) -> Option<H::Kernel> {
+        HeldSlots::actual(self, key)
+    }
+    fn contains(&self, key: &H::Key) -> bool {
+        HeldSlots::contains(self, key)
+    }
+    fn set_desired(&mut self, key: &H::Key, desired: Option<H>) {
+        HeldSlots::set_desired(self, key, desired)
+    }
+    fn set_actual(&mut self, key: &H::Key, actual: Option<H::Kernel>) -> Option<H::Kernel> {
+        HeldSlots::set_actual(self, key, actual)
+    }
+    fn clear_desired(&mut self) {
+        HeldSlots::clear_desired(self)
+    }
+    fn clear_actual(&mut self) {
+        HeldSlots::clear_actual(self)
+    }
+    fn each(&self) -> impl Iterator<Item = (H::Key, bool, Option<H::Kernel>)> {
+        HeldSlots::each(self)
+    }
+    fn each_desired(&self) -> impl Iterator<Item = (H::Key, H, Option<H::Kernel>)> {
+        HeldSlots::each_desired(self)
+    }
+}
