@@ -7,6 +7,7 @@ pub mod config;
 pub mod daemon;
 pub mod dense_map;
 pub mod desired;
+pub mod family_map;
 pub mod fuzzing;
 pub mod kernel;
 pub mod manager;

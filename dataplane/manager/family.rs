@@ -20,8 +20,7 @@ use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
 use super::node_routes::NodeRoutes;
 use crate::dense_map::DenseMap;
-use std::borrow::Borrow;
-use std::hash::{Hash, Hasher};
+use crate::family_map::FamilyMap;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -71,36 +70,13 @@ impl FamilySettings {
     }
 }
 
-/// A route to another node's pods or tunnel address. Held as a key alone
-/// and known by its destination: one 32-byte entry, where a map from the
-/// destination to the rest pads the two apart into 40.
+/// A route to another node's pods or tunnel address, by its destination.
 #[derive(Clone, Debug)]
 struct RemoteRoute {
-    dst: IpNetwork,
     node: ArcStr,
     kind: RemoteRouteKind,
     /// A no-encap pool's route: direct or nothing, never through the device.
     no_encap: bool,
-}
-
-impl PartialEq for RemoteRoute {
-    fn eq(&self, other: &RemoteRoute) -> bool {
-        self.dst == other.dst
-    }
-}
-
-impl Eq for RemoteRoute {}
-
-impl Hash for RemoteRoute {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.dst.hash(state)
-    }
-}
-
-impl Borrow<IpNetwork> for RemoteRoute {
-    fn borrow(&self) -> &IpNetwork {
-        &self.dst
-    }
 }
 
 /// What the manager knows of a remote node's VTEP in one family.
@@ -205,11 +181,11 @@ pub struct FamilyManager {
     /// MACs of complete remote VTEPs.
     node_by_mac: DenseMap<MacAddr, ArcStr>,
     /// Tunnel addresses of every remote VTEP.
-    node_by_tunnel_ip: DenseMap<IpAddr, ArcStr>,
+    node_by_tunnel_ip: FamilyMap<IpAddr, ArcStr>,
     /// How many reasons each ipset member has to be there (external CIDR,
     /// parent address of one or more VTEPs).
-    ipset_refs: DenseMap<IpNetwork, u32>,
-    remote_routes: DenseMap<RemoteRoute, ()>,
+    ipset_refs: FamilyMap<IpNetwork, u32>,
+    remote_routes: FamilyMap<IpNetwork, RemoteRoute>,
     local_blocks: HashSet<IpNetwork>,
     /// Each remote node's routes, in no order: a node has a handful of
     /// blocks, and a packed list holds them in a fraction of a set's memory.
@@ -241,9 +217,9 @@ impl FamilyManager {
             parent: None,
             remote_vteps: DenseMap::default(),
             node_by_mac: DenseMap::default(),
-            node_by_tunnel_ip: DenseMap::default(),
-            ipset_refs: DenseMap::default(),
-            remote_routes: DenseMap::default(),
+            node_by_tunnel_ip: FamilyMap::default(),
+            ipset_refs: FamilyMap::default(),
+            remote_routes: FamilyMap::default(),
             local_blocks: HashSet::new(),
             routes_by_node: DenseMap::default(),
             direct_routes: HashMap::new(),
@@ -334,9 +310,7 @@ impl FamilyManager {
     }
 
     fn mark_all_routes_dirty(&mut self) {
-        self.dirty
-            .routes
-            .extend(self.remote_routes.keys().map(|r| r.dst));
+        self.dirty.routes.extend(self.remote_routes.keys());
         self.dirty.routes.extend(self.local_blocks.iter().copied());
     }
 
@@ -359,12 +333,11 @@ impl FamilyManager {
                 }
             }
             let remote = RemoteRoute {
-                dst: route.dst,
                 node,
                 kind,
                 no_encap: route.is_no_encap(),
             };
-            self.remote_routes.insert(remote, ());
+            self.remote_routes.insert(route.dst, remote);
         } else if route.is_local_block() {
             self.local_blocks.insert(route.dst);
         } else if let Some(ip) = route
@@ -387,8 +360,8 @@ impl FamilyManager {
     }
 
     fn forget_route(&mut self, dst: IpNetwork) -> bool {
-        let remote = self.remote_routes.remove_entry(&dst);
-        if let Some((r, ())) = &remote {
+        let remote = self.remote_routes.remove(&dst);
+        if let Some(r) = &remote {
             if let Some(routes) = self.routes_by_node.get_mut(&r.node) {
                 routes.remove(dst);
                 if routes.is_empty() {
@@ -629,7 +602,7 @@ impl FamilyManager {
             protocol,
             mtu,
         };
-        let Some((remote, ())) = self.remote_routes.get_key_value(dst) else {
+        let Some(remote) = self.remote_routes.get(dst) else {
             return self
                 .local_blocks
                 .contains(dst)
@@ -779,13 +752,13 @@ impl FamilyManager {
     pub fn snapshot(&self) -> FamilySnapshot {
         let mut routes = Vec::new();
         let mut waiting_routes = Vec::new();
-        for remote in self.remote_routes.keys() {
-            match self.desired_route(&remote.dst) {
+        for (dst, remote) in self.remote_routes.iter() {
+            match self.desired_route(&dst) {
                 Some(r) => routes.push(r),
                 None => waiting_routes.push(WaitingRoute {
-                    dst: remote.dst,
+                    dst,
                     node: remote.node.clone(),
-                    reason: self.wait_reason(&remote.dst, remote),
+                    reason: self.wait_reason(&dst, remote),
                 }),
             }
         }
@@ -803,7 +776,7 @@ impl FamilyManager {
         let mut neighbors: Vec<_> = self
             .node_by_tunnel_ip
             .keys()
-            .filter_map(|ip| self.desired_neighbor(ip))
+            .filter_map(|ip| self.desired_neighbor(&ip))
             .collect();
         neighbors.sort_by_key(|n| n.address);
         let mut fdb: Vec<_> = self
@@ -812,7 +785,7 @@ impl FamilyManager {
             .filter_map(|mac| self.desired_fdb(mac))
             .collect();
         fdb.sort_by_key(|f| f.mac);
-        let mut ipset: Vec<_> = self.ipset_refs.keys().map(|n| IpsetMember(*n)).collect();
+        let mut ipset: Vec<_> = self.ipset_refs.keys().map(|n| IpsetMember(n)).collect();
         ipset.sort_by_key(|m| m.0);
         FamilySnapshot {
             device: self.desired_device(),

@@ -1,6 +1,7 @@
 //! How a table holds each kind of object beside its key, without the parts
-//! the key already says. Routes, the many, are held per family: an IPv4
-//! route keeps its destination in 5 bytes and its gateways in 4.
+//! the key already says. Every kind is held per family, in a map of its
+//! own: an IPv4 route keeps its destination in 5 bytes and its gateway in
+//! 4, where an address of either family takes 17.
 
 use std::marker::PhantomData;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -11,23 +12,26 @@ use arcstr::ArcStr;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 
 use super::slots::{HeldSlots, Holding, Slots};
+use super::table::Programmable;
 use crate::desired::{
-    FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey, ParentInterface, Route,
-    RouteTarget,
+    FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey, NexthopVia, ParentInterface,
+    Route, RouteTarget,
 };
 use crate::kernel::objects::{
     KernelFdb, KernelNeighbor, KernelNexthop, KernelRoute, KernelRouteVia,
 };
-use crate::model::MacAddr;
+use crate::model::{Family, MacAddr};
 
 /// An address of one family. Everything a route of that family holds is of
 /// that family: the model rejects a node address of the other, and the
 /// kernel gives a route's gateway in its own family.
-pub trait FamilyAddr: Copy + Into<IpAddr> {
+pub trait FamilyAddr: Copy + std::hash::Hash + Eq + Into<IpAddr> {
+    const FAMILY: Family;
     fn of(ip: IpAddr) -> Self;
 }
 
 impl FamilyAddr for Ipv4Addr {
+    const FAMILY: Family = Family::V4;
     fn of(ip: IpAddr) -> Ipv4Addr {
         match ip {
             IpAddr::V4(ip) => ip,
@@ -37,6 +41,7 @@ impl FamilyAddr for Ipv4Addr {
 }
 
 impl FamilyAddr for Ipv6Addr {
+    const FAMILY: Family = Family::V6;
     fn of(ip: IpAddr) -> Ipv6Addr {
         match ip {
             IpAddr::V6(ip) => ip,
@@ -210,44 +215,84 @@ impl<N: FamilyNet, A: FamilyAddr> Holding for FamilyRoutes<N, A> {
     }
 }
 
-type V4Routes = FamilyRoutes<Ipv4Network, Ipv4Addr>;
-type V6Routes = FamilyRoutes<Ipv6Network, Ipv6Addr>;
-
-/// The routes table's slots: one map per family.
-#[derive(Default)]
-pub struct RouteSlots {
-    v4: HeldSlots<V4Routes>,
-    v6: HeldSlots<V6Routes>,
+/// The family a key belongs to.
+pub trait FamilyKey {
+    fn family(&self) -> Family;
 }
 
-/// Calls `$call` on the slots of `$dst`'s family.
+impl FamilyKey for IpNetwork {
+    fn family(&self) -> Family {
+        Family::of_net(self)
+    }
+}
+
+impl FamilyKey for IpAddr {
+    fn family(&self) -> Family {
+        Family::of_addr(self)
+    }
+}
+
+impl FamilyKey for FdbKey {
+    fn family(&self) -> Family {
+        self.0
+    }
+}
+
+impl FamilyKey for NexthopKey {
+    fn family(&self) -> Family {
+        NexthopKey::family(self)
+    }
+}
+
+/// A table's slots in one map per family, each with its own holding.
+pub struct ByFamily<V4: Holding, V6: Holding> {
+    v4: HeldSlots<V4>,
+    v6: HeldSlots<V6>,
+}
+
+impl<V4: Holding, V6: Holding> Default for ByFamily<V4, V6> {
+    fn default() -> Self {
+        ByFamily {
+            v4: HeldSlots::default(),
+            v6: HeldSlots::default(),
+        }
+    }
+}
+
+/// Calls `$call` on the slots of `$key`'s family.
 macro_rules! by_family {
-    ($slots:expr, $dst:expr, $call:ident($($arg:expr),*)) => {
-        match $dst {
-            IpNetwork::V4(_) => $slots.v4.$call($dst, $($arg),*),
-            IpNetwork::V6(_) => $slots.v6.$call($dst, $($arg),*),
+    ($slots:expr, $key:expr, $call:ident($($arg:expr),*)) => {
+        match $key.family() {
+            Family::V4 => $slots.v4.$call($key, $($arg),*),
+            Family::V6 => $slots.v6.$call($key, $($arg),*),
         }
     };
 }
 
-impl Slots<Route> for RouteSlots {
-    fn desired(&self, dst: &IpNetwork) -> Option<Route> {
-        by_family!(self, dst, desired())
+impl<D, V4, V6> Slots<D> for ByFamily<V4, V6>
+where
+    D: Programmable,
+    D::Key: FamilyKey,
+    V4: Holding<Object = D>,
+    V6: Holding<Object = D>,
+{
+    fn desired(&self, key: &D::Key) -> Option<D> {
+        by_family!(self, key, desired())
     }
-    fn is_desired(&self, dst: &IpNetwork) -> bool {
-        by_family!(self, dst, is_desired())
+    fn is_desired(&self, key: &D::Key) -> bool {
+        by_family!(self, key, is_desired())
     }
-    fn actual(&self, dst: &IpNetwork) -> Option<KernelRoute> {
-        by_family!(self, dst, actual())
+    fn actual(&self, key: &D::Key) -> Option<D::Kernel> {
+        by_family!(self, key, actual())
     }
-    fn contains(&self, dst: &IpNetwork) -> bool {
-        by_family!(self, dst, contains())
+    fn contains(&self, key: &D::Key) -> bool {
+        by_family!(self, key, contains())
     }
-    fn set_desired(&mut self, dst: &IpNetwork, desired: Option<Route>) {
-        by_family!(self, dst, set_desired(desired))
+    fn set_desired(&mut self, key: &D::Key, desired: Option<D>) {
+        by_family!(self, key, set_desired(desired))
     }
-    fn set_actual(&mut self, dst: &IpNetwork, actual: Option<KernelRoute>) -> Option<KernelRoute> {
-        by_family!(self, dst, set_actual(actual))
+    fn set_actual(&mut self, key: &D::Key, actual: Option<D::Kernel>) -> Option<D::Kernel> {
+        by_family!(self, key, set_actual(actual))
     }
     fn clear_desired(&mut self) {
         self.v4.clear_desired();
@@ -257,41 +302,112 @@ impl Slots<Route> for RouteSlots {
         self.v4.clear_actual();
         self.v6.clear_actual();
     }
-    fn each(&self) -> impl Iterator<Item = (IpNetwork, bool, Option<KernelRoute>)> {
+    fn each(&self) -> impl Iterator<Item = (D::Key, bool, Option<D::Kernel>)> {
         self.v4.each().chain(self.v6.each())
     }
-    fn each_desired(&self) -> impl Iterator<Item = (IpNetwork, Route, Option<KernelRoute>)> {
+    fn each_desired(&self) -> impl Iterator<Item = (D::Key, D, Option<D::Kernel>)> {
         self.v4.each_desired().chain(self.v6.each_desired())
     }
 }
 
-/// Nexthops are few (one per node), and their key says little of them:
-/// held whole.
-impl Holding for Nexthop {
-    type Object = Nexthop;
-    type Stored = NexthopKey;
-    type Held = Nexthop;
-    type HeldKernel = KernelNexthop;
+/// The routes table's slots.
+pub type RouteSlots =
+    ByFamily<FamilyRoutes<Ipv4Network, Ipv4Addr>, FamilyRoutes<Ipv6Network, Ipv6Addr>>;
 
-    fn store_key(key: &NexthopKey) -> NexthopKey {
-        key.clone()
+/// A nexthop's key less its family: a node, or a direct gateway.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum HeldNexthopKey<A> {
+    Tunnel(ArcStr),
+    Direct(A),
+}
+
+/// A nexthop less what its key says (its node, or a direct gateway).
+#[derive(Clone, Debug)]
+pub struct HeldNexthop<A> {
+    gateway: A,
+    /// The parent interface of a direct nexthop.
+    interface: Option<Arc<ParentInterface>>,
+    protocol: u8,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct HeldKernelNexthop<A> {
+    id: u32,
+    gateway: A,
+    ifindex: u32,
+    protocol: u8,
+}
+
+/// Nexthops of one family.
+pub struct FamilyNexthops<A>(PhantomData<A>);
+
+impl<A: FamilyAddr> Holding for FamilyNexthops<A> {
+    type Object = Nexthop;
+    type Stored = HeldNexthopKey<A>;
+    type Held = HeldNexthop<A>;
+    type HeldKernel = HeldKernelNexthop<A>;
+
+    fn store_key(key: &NexthopKey) -> HeldNexthopKey<A> {
+        match key {
+            NexthopKey::Tunnel(_, node) => HeldNexthopKey::Tunnel(node.clone()),
+            NexthopKey::Direct(gateway) => HeldNexthopKey::Direct(A::of(*gateway)),
+        }
     }
-    fn key(key: &NexthopKey) -> NexthopKey {
-        key.clone()
+    fn key(stored: &HeldNexthopKey<A>) -> NexthopKey {
+        match stored {
+            HeldNexthopKey::Tunnel(node) => NexthopKey::Tunnel(A::FAMILY, node.clone()),
+            HeldNexthopKey::Direct(gateway) => NexthopKey::Direct((*gateway).into()),
+        }
     }
-    fn hold(nexthop: Nexthop) -> Nexthop {
-        nexthop
+    fn hold(nexthop: Nexthop) -> HeldNexthop<A> {
+        let interface = match nexthop.via {
+            NexthopVia::Tunnel { .. } => None,
+            NexthopVia::Direct { interface } => Some(interface),
+        };
+        HeldNexthop {
+            gateway: A::of(nexthop.gateway),
+            interface,
+            protocol: nexthop.protocol,
+        }
     }
-    fn unhold(_: &NexthopKey, held: &Nexthop) -> Nexthop {
-        held.clone()
+    fn unhold(key: &HeldNexthopKey<A>, held: &HeldNexthop<A>) -> Nexthop {
+        let via = match (key, &held.interface) {
+            (HeldNexthopKey::Direct(_), Some(interface)) => NexthopVia::Direct {
+                interface: interface.clone(),
+            },
+            (HeldNexthopKey::Tunnel(node), _) => NexthopVia::Tunnel {
+                family: A::FAMILY,
+                node: node.clone(),
+            },
+            (HeldNexthopKey::Direct(_), None) => {
+                unreachable!("a direct nexthop is held with its interface")
+            }
+        };
+        Nexthop {
+            gateway: held.gateway.into(),
+            via,
+            protocol: held.protocol,
+        }
     }
-    fn hold_kernel(kernel: KernelNexthop) -> KernelNexthop {
-        kernel
+    fn hold_kernel(kernel: KernelNexthop) -> HeldKernelNexthop<A> {
+        HeldKernelNexthop {
+            id: kernel.id,
+            gateway: A::of(kernel.gateway),
+            ifindex: kernel.ifindex,
+            protocol: kernel.protocol,
+        }
     }
-    fn unhold_kernel(_: &NexthopKey, held: KernelNexthop) -> KernelNexthop {
-        held
+    fn unhold_kernel(_: &HeldNexthopKey<A>, held: HeldKernelNexthop<A>) -> KernelNexthop {
+        KernelNexthop {
+            id: held.id,
+            gateway: held.gateway.into(),
+            ifindex: held.ifindex,
+            protocol: held.protocol,
+        }
     }
 }
+
+pub type NexthopSlots = ByFamily<FamilyNexthops<Ipv4Addr>, FamilyNexthops<Ipv6Addr>>;
 
 /// A kernel neighbour less its address, the key.
 #[derive(Clone, Copy, Debug)]
@@ -300,25 +416,27 @@ pub struct HeldKernelNeighbor {
     mac: MacAddr,
 }
 
-impl Holding for Neighbor {
+/// Neighbours of one family, by address.
+pub struct FamilyNeighbors<A>(PhantomData<A>);
+
+impl<A: FamilyAddr> Holding for FamilyNeighbors<A> {
     type Object = Neighbor;
-    type Stored = IpAddr;
-    /// The address is the key.
+    type Stored = A;
     type Held = MacAddr;
     type HeldKernel = HeldKernelNeighbor;
 
-    fn store_key(address: &IpAddr) -> IpAddr {
-        *address
+    fn store_key(address: &IpAddr) -> A {
+        A::of(*address)
     }
-    fn key(address: &IpAddr) -> IpAddr {
-        *address
+    fn key(address: &A) -> IpAddr {
+        (*address).into()
     }
     fn hold(neighbor: Neighbor) -> MacAddr {
         neighbor.mac
     }
-    fn unhold(address: &IpAddr, mac: &MacAddr) -> Neighbor {
+    fn unhold(address: &A, mac: &MacAddr) -> Neighbor {
         Neighbor {
-            address: *address,
+            address: (*address).into(),
             mac: *mac,
         }
     }
@@ -328,79 +446,90 @@ impl Holding for Neighbor {
             mac: kernel.mac,
         }
     }
-    fn unhold_kernel(address: &IpAddr, held: HeldKernelNeighbor) -> KernelNeighbor {
+    fn unhold_kernel(address: &A, held: HeldKernelNeighbor) -> KernelNeighbor {
         KernelNeighbor {
             ifindex: held.ifindex,
-            address: *address,
+            address: (*address).into(),
             mac: held.mac,
         }
     }
 }
 
+pub type NeighborSlots = ByFamily<FamilyNeighbors<Ipv4Addr>, FamilyNeighbors<Ipv6Addr>>;
+
 /// A kernel FDB entry less its MAC, which the key holds.
 #[derive(Clone, Copy, Debug)]
-pub struct HeldKernelFdb {
+pub struct HeldKernelFdb<A> {
     ifindex: u32,
-    destination: IpAddr,
+    destination: A,
 }
 
-impl Holding for FdbEntry {
-    type Object = FdbEntry;
-    type Stored = FdbKey;
-    /// The family and the MAC are the key.
-    type Held = IpAddr;
-    type HeldKernel = HeldKernelFdb;
+/// FDB entries of one family's device, by MAC.
+pub struct FamilyFdb<A>(PhantomData<A>);
 
-    fn store_key(key: &FdbKey) -> FdbKey {
-        key.clone()
+impl<A: FamilyAddr> Holding for FamilyFdb<A> {
+    type Object = FdbEntry;
+    type Stored = MacAddr;
+    /// The destination.
+    type Held = A;
+    type HeldKernel = HeldKernelFdb<A>;
+
+    fn store_key(key: &FdbKey) -> MacAddr {
+        key.1
     }
-    fn key(key: &FdbKey) -> FdbKey {
-        key.clone()
+    fn key(mac: &MacAddr) -> FdbKey {
+        FdbKey(A::FAMILY, *mac)
     }
-    fn hold(entry: FdbEntry) -> IpAddr {
-        entry.destination
+    fn hold(entry: FdbEntry) -> A {
+        A::of(entry.destination)
     }
-    fn unhold(key: &FdbKey, destination: &IpAddr) -> FdbEntry {
+    fn unhold(mac: &MacAddr, destination: &A) -> FdbEntry {
         FdbEntry {
-            family: key.0,
-            mac: key.1,
-            destination: *destination,
+            family: A::FAMILY,
+            mac: *mac,
+            destination: (*destination).into(),
         }
     }
-    fn hold_kernel(kernel: KernelFdb) -> HeldKernelFdb {
+    fn hold_kernel(kernel: KernelFdb) -> HeldKernelFdb<A> {
         HeldKernelFdb {
             ifindex: kernel.ifindex,
-            destination: kernel.destination,
+            destination: A::of(kernel.destination),
         }
     }
-    fn unhold_kernel(key: &FdbKey, held: HeldKernelFdb) -> KernelFdb {
+    fn unhold_kernel(mac: &MacAddr, held: HeldKernelFdb<A>) -> KernelFdb {
         KernelFdb {
             ifindex: held.ifindex,
-            mac: key.1,
-            destination: held.destination,
+            mac: *mac,
+            destination: held.destination.into(),
         }
     }
 }
 
-/// A member is its key.
-impl Holding for IpsetMember {
+pub type FdbSlots = ByFamily<FamilyFdb<Ipv4Addr>, FamilyFdb<Ipv6Addr>>;
+
+/// Members of one family's ipset: a member is its key.
+pub struct FamilyMembers<N>(PhantomData<N>);
+
+impl<N: FamilyNet> Holding for FamilyMembers<N> {
     type Object = IpsetMember;
-    type Stored = IpNetwork;
+    type Stored = N;
     type Held = ();
     type HeldKernel = ();
 
-    fn store_key(member: &IpNetwork) -> IpNetwork {
-        *member
+    fn store_key(member: &IpNetwork) -> N {
+        N::of(member)
     }
-    fn key(member: &IpNetwork) -> IpNetwork {
-        *member
+    fn key(member: &N) -> IpNetwork {
+        member.net()
     }
     fn hold(_: IpsetMember) {}
-    fn unhold(member: &IpNetwork, _: &()) -> IpsetMember {
-        IpsetMember(*member)
+    fn unhold(member: &N, _: &()) -> IpsetMember {
+        IpsetMember(member.net())
     }
     fn hold_kernel(_: IpNetwork) {}
-    fn unhold_kernel(member: &IpNetwork, _: ()) -> IpNetwork {
-        *member
+    fn unhold_kernel(member: &N, _: ()) -> IpNetwork {
+        member.net()
     }
 }
+
+pub type IpsetSlots = ByFamily<FamilyMembers<Ipv4Network>, FamilyMembers<Ipv6Network>>;

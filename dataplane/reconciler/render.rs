@@ -3,8 +3,7 @@
 
 use ipnetwork::IpNetwork;
 
-use super::held::RouteSlots;
-use super::slots::HeldSlots;
+use super::held::{FdbSlots, IpsetSlots, NeighborSlots, NexthopSlots, RouteSlots};
 use super::table::{Programmable, RenderContext};
 use crate::desired::Desired;
 use crate::desired::{
@@ -86,7 +85,7 @@ impl Programmable for Route {
 
 impl Programmable for Nexthop {
     type Kernel = KernelNexthop;
-    type Slots = HeldSlots<Nexthop>;
+    type Slots = NexthopSlots;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelNexthop> {
         let ifindex = match &self.via {
@@ -118,7 +117,7 @@ impl Programmable for Nexthop {
 
 impl Programmable for Neighbor {
     type Kernel = KernelNeighbor;
-    type Slots = HeldSlots<Neighbor>;
+    type Slots = NeighborSlots;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelNeighbor> {
         Some(KernelNeighbor {
@@ -139,7 +138,7 @@ impl Programmable for Neighbor {
 
 impl Programmable for FdbEntry {
     type Kernel = KernelFdb;
-    type Slots = HeldSlots<FdbEntry>;
+    type Slots = FdbSlots;
 
     fn render(&self, ctx: &dyn RenderContext) -> Option<KernelFdb> {
         Some(KernelFdb {
@@ -162,7 +161,7 @@ impl Programmable for FdbEntry {
 /// merges each family's into one `IpsetChange`.
 impl Programmable for IpsetMember {
     type Kernel = IpNetwork;
-    type Slots = HeldSlots<IpsetMember>;
+    type Slots = IpsetSlots;
 
     fn render(&self, _: &dyn RenderContext) -> Option<IpNetwork> {
         Some(self.0)

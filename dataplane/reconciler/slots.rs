@@ -168,37 +168,3 @@ impl<H: Holding> HeldSlots<H> {
         })
     }
 }
-
-/// A kind held in one map: its table's slots are [`HeldSlots`] of itself.
-impl<H: Holding<Object = H> + Programmable> Slots<H> for HeldSlots<H> {
-    fn desired(&self, key: &H::Key) -> Option<H> {
-        HeldSlots::desired(self, key)
-    }
-    fn is_desired(&self, key: &H::Key) -> bool {
-        HeldSlots::is_desired(self, key)
-    }
-    fn actual(&self, key: &H::Key) -> Option<H::Kernel> {
-        HeldSlots::actual(self, key)
-    }
-    fn contains(&self, key: &H::Key) -> bool {
-        HeldSlots::contains(self, key)
-    }
-    fn set_desired(&mut self, key: &H::Key, desired: Option<H>) {
-        HeldSlots::set_desired(self, key, desired)
-    }
-    fn set_actual(&mut self, key: &H::Key, actual: Option<H::Kernel>) -> Option<H::Kernel> {
-        HeldSlots::set_actual(self, key, actual)
-    }
-    fn clear_desired(&mut self) {
-        HeldSlots::clear_desired(self)
-    }
-    fn clear_actual(&mut self) {
-        HeldSlots::clear_actual(self)
-    }
-    fn each(&self) -> impl Iterator<Item = (H::Key, bool, Option<H::Kernel>)> {
-        HeldSlots::each(self)
-    }
-    fn each_desired(&self) -> impl Iterator<Item = (H::Key, H, Option<H::Kernel>)> {
-        HeldSlots::each_desired(self)
-    }
-}
