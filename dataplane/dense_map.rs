@@ -138,11 +138,24 @@ impl<K: Hash + Eq, V> DenseMap<K, V> {
 
     /// The value of `key`, made by `make` if there is none.
     pub fn get_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> &mut V {
-        let at = match self.position(&key) {
+        let at = self.position_or_insert_with(key, make);
+        &mut self.entries[at].1
+    }
+
+    /// The position of `key`'s entry, made with `make` if there is none.
+    /// Positions stay as they are until something is removed; a new entry
+    /// takes the next one.
+    pub fn position_or_insert_with(&mut self, key: K, make: impl FnOnce() -> V) -> usize {
+        match self.position(&key) {
             Some(at) => at,
             None => self.push(key, make()),
-        };
-        &mut self.entries[at].1
+        }
+    }
+
+    /// The entry at a position `position_or_insert_with` gave.
+    pub fn at_mut(&mut self, at: usize) -> (&K, &mut V) {
+        let (k, v) = &mut self.entries[at];
+        (&*k, v)
     }
 
     /// Sets the value of `key`; returns the one it replaced.

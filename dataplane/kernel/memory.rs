@@ -15,8 +15,9 @@ use tokio::sync::{mpsc, watch};
 use super::firewall::memory::FirewallModel;
 use super::firewall::{Firewall, FirewallChanges, FirewallError, FirewallState};
 use super::objects::{
-    DumpedNexthop, IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute,
-    KernelRouteVia, KernelState, Link, Notification, Ownership, TableRoute, VxlanAttrs,
+    DumpSink, DumpedNexthop, IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp,
+    KernelRoute, KernelRouteVia, KernelState, Link, Notification, Ownership, TableRoute,
+    VxlanAttrs,
 };
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
@@ -484,11 +485,17 @@ impl MemoryKernel {
                 true => DumpedNexthop::Other(n.id),
                 false => DumpedNexthop::Single(*n),
             });
+        let indexes: Vec<u32> = devices.iter().map(|d| d.index).collect();
+        let sorted = ownership.sort_out(&indexes, routes.collect(), nexthops.collect());
         KernelState {
+            devices,
+            routes: sorted.routes,
+            nexthops: sorted.nexthops,
             neighbors,
             fdb,
             ipsets,
-            ..ownership.sort_out(devices, routes.collect(), nexthops.collect())
+            foreign_routes: sorted.foreign_routes,
+            foreign_nexthops: sorted.foreign_nexthops,
         }
     }
 }
@@ -514,12 +521,20 @@ impl KernelBackend for MemoryBackend {
         self
     }
 
-    async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
-        let k = self.lock();
-        match k.dump_fault {
-            Some(errno) => Err(KernelError::from_errno(errno)),
-            None => Ok(k.owned_state(ownership)),
-        }
+    async fn dump_into(
+        &mut self,
+        ownership: &Ownership,
+        sink: &mut dyn DumpSink,
+    ) -> Result<(), KernelError> {
+        let state = {
+            let k = self.lock();
+            match k.dump_fault {
+                Some(errno) => return Err(KernelError::from_errno(errno)),
+                None => k.owned_state(ownership),
+            }
+        };
+        state.hand_to(sink);
+        Ok(())
     }
 
     async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {

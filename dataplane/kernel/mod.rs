@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 
 use crate::desired::ParentInterface;
 use firewall::{Firewall, FirewallChanges, FirewallError};
-use objects::{KernelOp, KernelState, Link, Notification, Ownership};
+use objects::{DumpSink, KernelOp, KernelState, Link, Notification, Ownership};
 
 /// Why the kernel refused an operation or a read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -62,11 +62,25 @@ pub trait KernelBackend: Send + 'static {
         self.firewall().apply(changes)
     }
 
-    /// Every object vxmgr owns, by the rules in `ownership`.
+    /// Every object vxmgr owns, by the rules in `ownership`, handed to
+    /// `sink` part by part as each is read (the parts are read at once).
+    fn dump_into(
+        &mut self,
+        ownership: &Ownership,
+        sink: &mut dyn DumpSink,
+    ) -> impl Future<Output = Result<(), KernelError>> + Send;
+
+    /// Every object vxmgr owns, all parts together.
     fn dump(
         &mut self,
         ownership: &Ownership,
-    ) -> impl Future<Output = Result<KernelState, KernelError>> + Send;
+    ) -> impl Future<Output = Result<KernelState, KernelError>> + Send {
+        async move {
+            let mut state = KernelState::default();
+            self.dump_into(ownership, &mut state).await?;
+            Ok(state)
+        }
+    }
 
     /// Every interface's addresses, by interface index: vxmgr's routes
     /// must never cover the host's own.

@@ -335,38 +335,33 @@ impl Ownership {
             }
     }
 
-    /// Sorts what a dump found into ours and the rest.
+    /// Sorts what a dump of routes and nexthops found into ours and the
+    /// rest; `devices`: the interface indexes of our devices.
     pub fn sort_out(
         &self,
-        devices: Vec<Link>,
+        devices: &[u32],
         routes: Vec<TableRoute>,
         nexthops: Vec<DumpedNexthop>,
-    ) -> KernelState {
-        let indexes: Vec<u32> = devices.iter().map(|l| l.index).collect();
-        let mut state = KernelState {
-            devices,
-            ..KernelState::default()
-        };
+    ) -> RouteDump {
+        let mut dump = RouteDump::default();
         for nexthop in nexthops {
             match nexthop {
-                DumpedNexthop::Single(n) if self.owns_nexthop(&n, &indexes) => {
-                    state.nexthops.push(n)
-                }
-                DumpedNexthop::Single(n) => state.foreign_nexthops.push(n.id),
-                DumpedNexthop::Other(id) => state.foreign_nexthops.push(id),
+                DumpedNexthop::Single(n) if self.owns_nexthop(&n, devices) => dump.nexthops.push(n),
+                DumpedNexthop::Single(n) => dump.foreign_nexthops.push(n.id),
+                DumpedNexthop::Other(id) => dump.foreign_nexthops.push(id),
             }
         }
-        let ours: std::collections::HashSet<u32> = state.nexthops.iter().map(|n| n.id).collect();
+        let ours: std::collections::HashSet<u32> = dump.nexthops.iter().map(|n| n.id).collect();
         for route in routes {
             match route {
-                TableRoute::Shaped(r) if self.owns_route(&r, &indexes, |id| ours.contains(&id)) => {
-                    state.routes.push(r)
+                TableRoute::Shaped(r) if self.owns_route(&r, devices, |id| ours.contains(&id)) => {
+                    dump.routes.push(r)
                 }
-                TableRoute::Shaped(r) => state.foreign_routes.push(ForeignRoute::of_shape(&r)),
-                TableRoute::Other(r) => state.foreign_routes.push(*r),
+                TableRoute::Shaped(r) => dump.foreign_routes.push(ForeignRoute::of_shape(&r)),
+                TableRoute::Other(r) => dump.foreign_routes.push(*r),
             }
         }
-        state
+        dump
     }
 }
 
@@ -379,7 +374,32 @@ pub enum DumpedNexthop {
     Other(u32),
 }
 
-/// Everything of ours the kernel holds.
+/// The main table's routes and the nexthops, as a dump sorted them out:
+/// routes go through nexthops, so they are read and handed over together.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouteDump {
+    pub routes: Vec<KernelRoute>,
+    pub nexthops: Vec<KernelNexthop>,
+    /// Every other main-table route: vxmgr keeps out of their way.
+    pub foreign_routes: Vec<ForeignRoute>,
+    /// Ids of every other nexthop: never taken for one of ours.
+    pub foreign_nexthops: Vec<u32>,
+}
+
+/// Where a dump's parts go, each as soon as it is read: the devices first,
+/// then the others in whatever order their reads end. A part that comes is
+/// whole; a dump that fails leaves out the parts not yet read.
+pub trait DumpSink: Send {
+    /// Our devices that exist (by name in `Ownership::devices`).
+    fn devices(&mut self, devices: Vec<Link>);
+    fn routes(&mut self, routes: RouteDump);
+    fn neighbors(&mut self, neighbors: Vec<KernelNeighbor>);
+    fn fdb(&mut self, fdb: Vec<KernelFdb>);
+    /// Members of each of our ipsets that exists.
+    fn ipsets(&mut self, ipsets: Vec<(String, Vec<IpNetwork>)>);
+}
+
+/// Everything of ours the kernel holds, all parts of a dump together.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KernelState {
     /// Our devices that exist (by name in `Ownership::devices`).
@@ -394,6 +414,44 @@ pub struct KernelState {
     pub foreign_routes: Vec<ForeignRoute>,
     /// Ids of every other nexthop: never taken for one of ours.
     pub foreign_nexthops: Vec<u32>,
+}
+
+impl KernelState {
+    /// Hands every part to `sink`, in a dump's order.
+    pub fn hand_to(self, sink: &mut dyn DumpSink) {
+        sink.devices(self.devices);
+        sink.routes(RouteDump {
+            routes: self.routes,
+            nexthops: self.nexthops,
+            foreign_routes: self.foreign_routes,
+            foreign_nexthops: self.foreign_nexthops,
+        });
+        sink.neighbors(self.neighbors);
+        sink.fdb(self.fdb);
+        sink.ipsets(self.ipsets);
+    }
+}
+
+/// Gathers a dump's parts.
+impl DumpSink for KernelState {
+    fn devices(&mut self, devices: Vec<Link>) {
+        self.devices = devices;
+    }
+    fn routes(&mut self, routes: RouteDump) {
+        self.routes = routes.routes;
+        self.nexthops = routes.nexthops;
+        self.foreign_routes = routes.foreign_routes;
+        self.foreign_nexthops = routes.foreign_nexthops;
+    }
+    fn neighbors(&mut self, neighbors: Vec<KernelNeighbor>) {
+        self.neighbors = neighbors;
+    }
+    fn fdb(&mut self, fdb: Vec<KernelFdb>) {
+        self.fdb = fdb;
+    }
+    fn ipsets(&mut self, ipsets: Vec<(String, Vec<IpNetwork>)>) {
+        self.ipsets = ipsets;
+    }
 }
 
 impl fmt::Display for KernelRoute {

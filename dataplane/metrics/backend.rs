@@ -9,7 +9,7 @@ use tokio::sync::mpsc;
 use super::Metrics;
 use crate::desired::ParentInterface;
 use crate::kernel::firewall::{FirewallChanges, FirewallError, ForwardOp, TableOp};
-use crate::kernel::objects::{IpsetChange, KernelOp, KernelState, Link, Notification, Ownership};
+use crate::kernel::objects::{DumpSink, IpsetChange, KernelOp, Link, Notification, Ownership};
 use crate::kernel::{KernelBackend, KernelError};
 
 pub struct MeteredBackend<B> {
@@ -92,8 +92,12 @@ impl<B: KernelBackend> KernelBackend for MeteredBackend<B> {
         result
     }
 
-    async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
-        self.inner.dump(ownership).await
+    async fn dump_into(
+        &mut self,
+        ownership: &Ownership,
+        sink: &mut dyn DumpSink,
+    ) -> Result<(), KernelError> {
+        self.inner.dump_into(ownership, sink).await
     }
 
     async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {

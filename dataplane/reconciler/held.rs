@@ -11,7 +11,7 @@ use std::sync::Arc;
 use arcstr::ArcStr;
 use ipnetwork::{IpNetwork, Ipv4Network, Ipv6Network};
 
-use super::slots::{HeldSlots, Holding, Slots};
+use super::slots::{Found, HeldSlots, Holding, Slots};
 use super::table::Programmable;
 use crate::desired::{
     FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey, NexthopVia, ParentInterface,
@@ -298,9 +298,22 @@ where
         self.v4.clear_desired();
         self.v6.clear_desired();
     }
-    fn clear_actual(&mut self) {
-        self.v4.clear_actual();
-        self.v6.clear_actual();
+    fn reset_actual(
+        &mut self,
+        dumped: impl IntoIterator<Item = (D::Key, D::Kernel)>,
+        render: impl Fn(&D) -> Option<D::Kernel>,
+    ) -> Vec<D::Key> {
+        let (mut found_v4, mut found_v6) = (Found::default(), Found::default());
+        for (key, kernel) in dumped {
+            match key.family() {
+                Family::V4 => self.v4.found(&mut found_v4, &key, kernel),
+                Family::V6 => self.v6.found(&mut found_v6, &key, kernel),
+            }
+        }
+        let mut wrong = Vec::new();
+        self.v4.settle(found_v4, &render, &mut wrong);
+        self.v6.settle(found_v6, &render, &mut wrong);
+        wrong
     }
     fn each(&self) -> impl Iterator<Item = (D::Key, bool, Option<D::Kernel>)> {
         self.v4.each().chain(self.v6.each())

@@ -12,6 +12,7 @@ mod links;
 mod nexthops;
 mod notifications;
 mod render;
+mod resync;
 mod slots;
 mod table;
 #[cfg(test)]
@@ -479,100 +480,6 @@ impl<B: KernelBackend> Reconciler<B> {
         self.tables_mut()
             .into_iter()
             .for_each(|t| t.mark_all_pending());
-    }
-
-    /// Reads everything of ours from the kernel and makes it match: the
-    /// start-up adoption, the periodic refresh and the repair after an overrun.
-    /// A resync that cannot read the kernel is logged and tried again with
-    /// backoff (see `next_retry`).
-    pub async fn resync(&mut self) -> Result<Report, KernelError> {
-        let started = Instant::now();
-        let dumped = self.backend.dump(&self.ownership).await;
-        let state = match dumped {
-            Ok(state) => state,
-            Err(error) => {
-                self.resync_failures += 1;
-                let wait = table::retry_backoff(self.resync_failures);
-                self.resync_due = Some(Instant::now() + wait);
-                warn!(%error, retry_in_ms = wait.as_millis() as u64, "resync failed: reading the kernel");
-                return Err(error);
-            }
-        };
-        self.resync_failures = 0;
-        self.resync_due = None;
-        let mut report = Report::default();
-        for family in Family::ALL {
-            let slot = &mut self.devices[family as usize];
-            slot.link = state
-                .devices
-                .iter()
-                .find(|l| *l.name == **self.device_names.of(family))
-                .cloned();
-            slot.dirty = true;
-        }
-        let ours = self.device_indexes();
-        self.host.reset_routes(state.foreign_routes, &ours);
-        self.read_host_addresses(&mut report).await;
-        let family_of = |index: u32| {
-            state
-                .devices
-                .iter()
-                .find(|l| l.index == index)
-                .and_then(|l| {
-                    Family::ALL
-                        .into_iter()
-                        .find(|f| **self.device_names.of(*f) == *l.name)
-                })
-        };
-        // Nexthops first: routes render through the programmed ones.
-        let keyed = self
-            .nexthop_ids
-            .reset(state.nexthops, state.foreign_nexthops);
-        let ctx = Context::new(&self.devices, &self.nexthop_ids, None, self.use_nexthops);
-        self.nexthops.reset_actual(keyed, &ctx);
-        let ids = &self.nexthop_ids;
-        self.unassigned.extend(
-            self.nexthops
-                .all_desired()
-                .filter(|(k, _)| ids.get(k).is_none())
-                .map(|(k, _)| k),
-        );
-        let ctx = Context::new(
-            &self.devices,
-            &self.nexthop_ids,
-            Some(&self.nexthops),
-            self.use_nexthops,
-        );
-        let routes = state.routes.len();
-        self.routes
-            .reset_actual(state.routes.into_iter().map(|r| (r.dst, r)), &ctx);
-        self.neighbors
-            .reset_actual(state.neighbors.into_iter().map(|n| (n.address, n)), &ctx);
-        self.fdb.reset_actual(
-            state
-                .fdb
-                .into_iter()
-                .filter_map(|e| Some((FdbKey(family_of(e.ifindex)?, e.mac), e))),
-            &ctx,
-        );
-        self.ipsets_present = state.ipsets.iter().map(|(name, _)| name.clone()).collect();
-        self.ipset.reset_actual(
-            state
-                .ipsets
-                .into_iter()
-                .flat_map(|(_, members)| members.into_iter().map(|m| (m, m))),
-            &ctx,
-        );
-        for family in Family::ALL {
-            self.find_parent(family, &mut report).await;
-        }
-        self.firewall.recheck();
-        self.pass(&mut report).await;
-        debug!(
-            elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            routes, "resync"
-        );
-        Ok(report)
     }
 
     /// Re-reads our devices and parent interfaces, and repairs drift.

@@ -21,8 +21,15 @@ pub trait Slots<D: Programmable>: Default {
     fn set_actual(&mut self, key: &D::Key, actual: Option<D::Kernel>) -> Option<D::Kernel>;
     /// Forgets every desired object.
     fn clear_desired(&mut self);
-    /// Forgets every kernel object.
-    fn clear_actual(&mut self);
+    /// Takes `dumped` as all the kernel holds of this kind, and returns the
+    /// keys of the wanted objects it does not hold as `render` makes them.
+    /// Slots are updated in place, not emptied and filled again: a resync
+    /// without drift writes nothing but what it read.
+    fn reset_actual(
+        &mut self,
+        dumped: impl IntoIterator<Item = (D::Key, D::Kernel)>,
+        render: impl Fn(&D) -> Option<D::Kernel>,
+    ) -> Vec<D::Key>;
     /// Every slot: its key, whether something is wanted, what the kernel holds.
     fn each(&self) -> impl Iterator<Item = (D::Key, bool, Option<D::Kernel>)>;
     /// Every wanted object, with what the kernel holds for it.
@@ -63,6 +70,10 @@ impl<H, K> Default for Slot<H, K> {
         }
     }
 }
+
+/// Which slots, by position, a resync found in the kernel.
+#[derive(Default)]
+pub struct Found(Vec<bool>);
 
 /// Slots of one holding in one dense map.
 pub struct HeldSlots<H: Holding> {
@@ -146,11 +157,45 @@ impl<H: Holding> HeldSlots<H> {
         });
     }
 
-    pub fn clear_actual(&mut self) {
-        self.map.retain(|_, slot| {
-            slot.actual = None;
-            slot.desired.is_some()
-        });
+    /// Records that the kernel holds `kernel` for `key`, in a resync that
+    /// `settle` ends.
+    pub fn found(&mut self, found: &mut Found, key: &Key<H>, kernel: Kernel<H>) {
+        let at = self
+            .map
+            .position_or_insert_with(H::store_key(key), Slot::default);
+        self.map.at_mut(at).1.actual = Some(H::hold_kernel(kernel));
+        if found.0.len() <= at {
+            found.0.resize(at + 1, false);
+        }
+        found.0[at] = true;
+    }
+
+    /// Ends a resync: what it did not find is not in the kernel. Pushes
+    /// onto `wrong` the keys of wanted objects not as `render` makes them.
+    pub fn settle(
+        &mut self,
+        found: Found,
+        render: impl Fn(&H::Object) -> Option<Kernel<H>>,
+        wrong: &mut Vec<Key<H>>,
+    ) {
+        let mut emptied = false;
+        for (at, (stored, slot)) in self.map.iter_mut().enumerate() {
+            if !found.0.get(at).copied().unwrap_or(false) {
+                slot.actual = None;
+            }
+            let Some(held) = &slot.desired else {
+                emptied |= slot.actual.is_none();
+                continue;
+            };
+            let actual = slot.actual.map(|held| H::unhold_kernel(stored, held));
+            if render(&H::unhold(stored, held)).is_none_or(|kernel| actual != Some(kernel)) {
+                wrong.push(H::key(stored));
+            }
+        }
+        if emptied {
+            self.map
+                .retain(|_, slot| slot.desired.is_some() || slot.actual.is_some());
+        }
     }
 
     pub fn each(&self) -> impl Iterator<Item = (Key<H>, bool, Option<Kernel<H>>)> {

@@ -261,18 +261,10 @@ impl<D: Programmable> Table<D> {
         actual: impl IntoIterator<Item = (D::Key, D::Kernel)>,
         ctx: &dyn RenderContext,
     ) {
-        self.slots.clear_actual();
-        for (key, kernel) in actual {
-            self.slots.set_actual(&key, Some(kernel));
-        }
-        for (key, desired, actual) in self.slots.each_desired() {
-            let right = desired
-                .render(ctx)
-                .is_some_and(|kernel| actual == Some(kernel));
-            if !right {
-                self.pending.insert(key);
-            }
-        }
+        let wrong = self
+            .slots
+            .reset_actual(actual, |desired| desired.render(ctx));
+        self.pending.extend(wrong);
         self.mark_stale();
     }
 

@@ -30,11 +30,15 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
-use futures::stream::FuturesOrdered;
+use futures::future::BoxFuture;
+use futures::stream::{FuturesOrdered, FuturesUnordered};
+use ipnetwork::IpNetwork;
 use netlink_packet_route::RouteNetlinkMessage;
 
 use super::firewall::NftFirewall;
-use super::objects::{KernelOp, KernelState, Link, Notification, Ownership};
+use super::objects::{
+    DumpSink, KernelFdb, KernelNeighbor, KernelOp, Link, Notification, Ownership, RouteDump,
+};
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
 use batch::{BatchSocket, Datagram, REQUESTS_PER_DATAGRAM};
@@ -222,6 +226,14 @@ fn io_error(error: &io::Error) -> KernelError {
     }
 }
 
+/// One part of a dump, read.
+enum DumpPart {
+    Routes(RouteDump),
+    Neighbors(Vec<KernelNeighbor>),
+    Fdb(Vec<KernelFdb>),
+    Ipsets(Vec<(String, Vec<IpNetwork>)>),
+}
+
 impl KernelBackend for NetlinkBackend {
     type Firewall = NftFirewall;
 
@@ -229,24 +241,49 @@ impl KernelBackend for NetlinkBackend {
         &mut self.firewall
     }
 
-    async fn dump(&mut self, ownership: &Ownership) -> Result<KernelState, KernelError> {
+    async fn dump_into(
+        &mut self,
+        ownership: &Ownership,
+        sink: &mut dyn DumpSink,
+    ) -> Result<(), KernelError> {
         let devices = self.read_links(&ownership.devices).await?;
         let indexes: Vec<u32> = devices.iter().map(|l| l.index).collect();
-        // All at once, the largest first: they take the dump sockets in
-        // the order they ask for them; the ipset socket works alongside.
-        let (routes, nexthops, neighbors, fdb, ipsets) = futures::try_join!(
-            self.dump_routes(),
-            self.dump_nexthops(),
-            self.dump_neighbors(&indexes),
-            self.dump_fdb(&indexes),
-            self.dump_ipsets(&ownership.ipsets),
-        )?;
-        Ok(KernelState {
-            neighbors,
-            fdb,
-            ipsets,
-            ..ownership.sort_out(devices, routes, nexthops)
-        })
+        sink.devices(devices);
+        // All at once, and each handed over as soon as it is read, so that
+        // taking one in overlaps the reading of the others. They take the
+        // dump sockets in the order they ask for them: the FDB first, whose
+        // dump the kernel writes slowest (it walks the device's table from
+        // the start for every datagram), then the routes, the largest.
+        let this = &*self;
+        let indexes = &indexes;
+        let mut parts: FuturesUnordered<BoxFuture<'_, Result<DumpPart, KernelError>>> =
+            FuturesUnordered::new();
+        parts.push(Box::pin(async move {
+            this.dump_fdb(indexes).await.map(DumpPart::Fdb)
+        }));
+        parts.push(Box::pin(async move {
+            let (routes, nexthops) = futures::try_join!(this.dump_routes(), this.dump_nexthops())?;
+            Ok(DumpPart::Routes(
+                ownership.sort_out(indexes, routes, nexthops),
+            ))
+        }));
+        parts.push(Box::pin(async move {
+            this.dump_neighbors(indexes).await.map(DumpPart::Neighbors)
+        }));
+        parts.push(Box::pin(async move {
+            this.dump_ipsets(&ownership.ipsets)
+                .await
+                .map(DumpPart::Ipsets)
+        }));
+        while let Some(part) = parts.next().await {
+            match part? {
+                DumpPart::Routes(routes) => sink.routes(routes),
+                DumpPart::Neighbors(neighbors) => sink.neighbors(neighbors),
+                DumpPart::Fdb(fdb) => sink.fdb(fdb),
+                DumpPart::Ipsets(ipsets) => sink.ipsets(ipsets),
+            }
+        }
+        Ok(())
     }
 
     async fn addresses(&mut self) -> Result<Vec<(u32, IpAddr)>, KernelError> {
