@@ -36,7 +36,7 @@ fn resyncs(cluster: &Cluster) -> usize {
     cluster
         .node(1)
         .log_text()
-        .matches("vxmgr::reconciler: resync")
+        .matches("vxmgr::reconciler::resync: resync")
         .count()
 }
 
