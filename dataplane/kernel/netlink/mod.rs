@@ -25,6 +25,7 @@ mod route;
 mod socket;
 mod watch;
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -52,6 +53,13 @@ use socket::{DumpFilters, NetlinkSocket};
 /// §5), few enough that their ACKs fit the socket's receive buffer.
 const MAX_IN_FLIGHT: usize = 512;
 
+/// Batch sockets, each sending from a thread of its own: the kernel makes
+/// a change in the thread that sends it, and changes of one namespace sent
+/// from two threads take half the time (100,000 routes by `ip -batch`:
+/// 1.52 s from one, 0.80 s from two; neighbours 1.18 → 0.70 s, FDB entries
+/// 1.16 → 0.79 s). One per CPU, up to this many.
+const MAX_BATCH_SOCKETS: usize = 4;
+
 pub struct NetlinkBackend {
     /// Changes and single gets.
     rtnl: NetlinkSocket<RouteNetlinkMessage>,
@@ -59,9 +67,9 @@ pub struct NetlinkBackend {
     address_dumps: NetlinkSocket<RouteNetlinkMessage>,
     /// Dumps of routes, neighbours, FDB entries and nexthops.
     dumps: Dumps,
-    /// Changes of routes, nexthops, neighbours and FDB entries, used on a
-    /// blocking thread.
-    batches: Arc<Mutex<BatchSocket>>,
+    /// Changes of routes, nexthops, neighbours and FDB entries, each
+    /// socket used on a blocking thread, datagrams sent on all at once.
+    batches: Vec<Arc<Mutex<BatchSocket>>>,
     ipsets: NetlinkSocket<IpsetMessage>,
     ethtool: Ethtool,
     firewall: NftFirewall,
@@ -76,7 +84,7 @@ impl NetlinkBackend {
                 rtnl: NetlinkSocket::open(DumpFilters::Ignored)?,
                 address_dumps: NetlinkSocket::open(DumpFilters::Strict)?,
                 dumps: Dumps::open()?,
-                batches: Arc::new(Mutex::new(BatchSocket::open()?)),
+                batches: batch_sockets()?,
                 ipsets: NetlinkSocket::open_netfilter()?,
                 ethtool: Ethtool::open()?,
                 firewall: NftFirewall::new(),
@@ -142,34 +150,57 @@ impl NetlinkBackend {
     }
 
     /// The operations sent in batches, a datagram at a time; each result
-    /// with the operation's index.
+    /// with the operation's index. The operations of one call do not
+    /// depend on one another, so their datagrams go out on every batch
+    /// socket at once: datagram `n` on socket `n % sockets`, never more in
+    /// flight than sockets, so each socket has one at a time.
     async fn apply_batched(&self, all: &[KernelOp]) -> Vec<(usize, Result<(), KernelError>)> {
         let mut results = Vec::new();
         let indexes: Vec<usize> = (0..all.len()).filter(|&i| batched(&all[i])).collect();
-        for chunk in indexes.chunks(REQUESTS_PER_DATAGRAM) {
+        let sockets = self.batches.len();
+        let mut in_flight = VecDeque::with_capacity(sockets);
+        for (n, chunk) in indexes.chunks(REQUESTS_PER_DATAGRAM).enumerate() {
+            if in_flight.len() == sockets
+                && let Some((chunk, sent)) = in_flight.pop_front()
+            {
+                self.answered(all, chunk, sent, &mut results).await;
+            }
             let mut datagram = Datagram::default();
             for &index in chunk {
                 push_request(&mut datagram, &all[index]);
             }
-            let socket = Arc::clone(&self.batches);
+            let socket = Arc::clone(&self.batches[n % sockets]);
             let sent = tokio::task::spawn_blocking(move || {
                 let mut socket = socket.lock().unwrap_or_else(PoisonError::into_inner);
                 socket.send(datagram)
-            })
-            .await;
-            let answers = match sent {
-                Ok(answers) => answers,
-                Err(e) => vec![Err(KernelError::other(format!("batch thread: {e}"))); chunk.len()],
-            };
-            for (&index, result) in chunk.iter().zip(answers) {
-                let result = match result {
-                    Err(error) => Err(self.refused(&all[index], error).await),
-                    ok => ok,
-                };
-                results.push((index, result));
-            }
+            });
+            in_flight.push_back((chunk, sent));
+        }
+        while let Some((chunk, sent)) = in_flight.pop_front() {
+            self.answered(all, chunk, sent, &mut results).await;
         }
         results
+    }
+
+    /// Takes in the answers to the datagram of `chunk`'s operations.
+    async fn answered(
+        &self,
+        all: &[KernelOp],
+        chunk: &[usize],
+        sent: tokio::task::JoinHandle<Vec<Result<(), KernelError>>>,
+        results: &mut Vec<(usize, Result<(), KernelError>)>,
+    ) {
+        let answers = match sent.await {
+            Ok(answers) => answers,
+            Err(e) => vec![Err(KernelError::other(format!("batch thread: {e}"))); chunk.len()],
+        };
+        for (&index, result) in chunk.iter().zip(answers) {
+            let result = match result {
+                Err(error) => Err(self.refused(&all[index], error).await),
+                ok => ok,
+            };
+            results.push((index, result));
+        }
     }
 
     /// What the kernel's refusal of a batched operation means.
@@ -182,6 +213,13 @@ impl NetlinkBackend {
             _ => error,
         }
     }
+}
+
+fn batch_sockets() -> io::Result<Vec<Arc<Mutex<BatchSocket>>>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (0..cpus.min(MAX_BATCH_SOCKETS))
+        .map(|_| Ok(Arc::new(Mutex::new(BatchSocket::open()?))))
+        .collect()
 }
 
 /// Whether the operation is sent in batches.
