@@ -18,6 +18,7 @@
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 
+use super::held_vtep::HeldVtep;
 use super::node_routes::NodeRoutes;
 use crate::dense_map::DenseMap;
 use crate::family_map::FamilyMap;
@@ -177,7 +178,7 @@ pub struct FamilyManager {
     parent_ip: Option<IpAddr>,
     /// Shared by every direct route and nexthop through it.
     parent: Option<Arc<ParentInterface>>,
-    remote_vteps: DenseMap<ArcStr, RemoteVtep>,
+    remote_vteps: DenseMap<ArcStr, HeldVtep>,
     /// MACs of complete remote VTEPs.
     node_by_mac: DenseMap<MacAddr, ArcStr>,
     /// Tunnel addresses of every remote VTEP.
@@ -507,7 +508,7 @@ impl FamilyManager {
     }
 
     fn set_remote_vtep(&mut self, node: ArcStr, vtep: Option<RemoteVtep>) {
-        if self.remote_vteps.get(&node) == vtep.as_ref() {
+        if self.remote_vteps.get(&node).map(HeldVtep::unhold) == vtep {
             return;
         }
         self.remove_remote_vtep(&node);
@@ -521,13 +522,14 @@ impl FamilyManager {
             self.ref_ipset(Family::host_net(addrs.parent_ip));
         }
         self.mark_vtep_dirty(&node, &vtep);
-        self.remote_vteps.insert(node, vtep);
+        self.remote_vteps.insert(node, HeldVtep::hold(vtep));
     }
 
     fn remove_remote_vtep(&mut self, node: &str) -> bool {
-        let Some((node, vtep)) = self.remote_vteps.remove_entry(node) else {
+        let Some((node, held)) = self.remote_vteps.remove_entry(node) else {
             return false;
         };
+        let vtep = held.unhold();
         self.node_by_tunnel_ip.remove(&vtep.tunnel_ip());
         if let Some(addrs) = vtep.complete() {
             self.node_by_mac.remove(&addrs.mac);
@@ -662,8 +664,8 @@ impl FamilyManager {
         })
     }
 
-    fn complete_vtep(&self, node: &ArcStr) -> Option<&VtepAddresses> {
-        self.remote_vteps.get(node)?.complete()
+    fn complete_vtep(&self, node: &ArcStr) -> Option<VtepAddresses> {
+        self.remote_vteps.get(node)?.unhold().complete().cloned()
     }
 
     fn desired_neighbor(&self, address: &IpAddr) -> Option<Neighbor> {
@@ -770,7 +772,7 @@ impl FamilyManager {
         let mut remote_vteps: Vec<_> = self
             .remote_vteps
             .iter()
-            .map(|(n, v)| (n.clone(), v.clone()))
+            .map(|(n, v)| (n.clone(), v.unhold()))
             .collect();
         remote_vteps.sort_by(|a, b| a.0.cmp(&b.0));
         let mut neighbors: Vec<_> = self

@@ -2,6 +2,7 @@
 //! state out. No I/O, no clocks; the daemon drives it.
 
 mod family;
+mod held_vtep;
 mod node_routes;
 mod pools;
 #[cfg(test)]

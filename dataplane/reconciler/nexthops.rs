@@ -7,6 +7,8 @@ use std::net::IpAddr;
 
 use foldhash::{HashMap, HashSet};
 
+use crate::dense_map::DenseMap;
+
 use crate::desired::{Desired, Nexthop, NexthopKey};
 use crate::kernel::objects::KernelNexthop;
 
@@ -15,7 +17,7 @@ const FIRST_ID: u32 = 0x7678_0000;
 
 #[derive(Default)]
 pub struct NexthopIds {
-    by_key: HashMap<NexthopKey, u32>,
+    by_key: DenseMap<NexthopKey, u32>,
     /// Ids of our nexthops: assigned ones and unclaimed kernel ones.
     in_use: HashSet<u32>,
     /// Ids of other nexthops in the kernel: never taken.
