@@ -787,7 +787,7 @@ impl FamilyManager {
             .filter_map(|mac| self.desired_fdb(mac))
             .collect();
         fdb.sort_by_key(|f| f.mac);
-        let mut ipset: Vec<_> = self.ipset_refs.keys().map(|n| IpsetMember(n)).collect();
+        let mut ipset: Vec<_> = self.ipset_refs.keys().map(IpsetMember).collect();
         ipset.sort_by_key(|m| m.0);
         FamilySnapshot {
             device: self.desired_device(),
