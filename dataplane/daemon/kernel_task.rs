@@ -103,6 +103,7 @@ pub async fn run<B: KernelBackend>(
     let mut next_refresh = refresh_interval.map(|d| Instant::now() + d);
     loop {
         let retry_at = reconciler.next_retry();
+        let idle_release_at = releaser.idle_release_at();
         tokio::select! {
             command = commands.recv() => match command {
                 None => return,
@@ -119,7 +120,7 @@ pub async fn run<B: KernelBackend>(
                     let started = Instant::now();
                     let in_sync = request.in_sync;
                     let report = reconciler.apply(*request).await;
-                    releaser.count(report.operations);
+                    releaser.count(report.operations, Instant::now());
                     let event = KernelEvent::Applied {
                         batch,
                         in_sync,
@@ -150,7 +151,7 @@ pub async fn run<B: KernelBackend>(
                     burst += 1;
                 }
                 // The kernel's echoes of a large batch are as large.
-                releaser.count(burst);
+                releaser.count(burst, now);
                 if !due {
                     continue;
                 }
@@ -170,6 +171,9 @@ pub async fn run<B: KernelBackend>(
                 if events.send(background(&reconciler, report)).await.is_err() {
                     return;
                 }
+            }
+            _ = sleep_until(idle_release_at.unwrap_or_else(Instant::now).into()), if idle_release_at.is_some() => {
+                releaser.release_when_idle();
             }
             _ = tick(&mut legacy_poll), if legacy_poll.is_some() => {
                 if !reconciler.poll_legacy_iptables().await {
