@@ -131,18 +131,20 @@ pub struct Resident {
 }
 
 /// Process `pid`'s VmRSS once it holds still: after the last status a
-/// daemon still takes in the kernel's echoes of the last batch and hands
-/// back what they freed. Read every 100 ms until three readings in a row
-/// agree (for at most 5 s, then the last reading).
+/// daemon still takes in the kernel's echoes of the last batch, and hands
+/// back what was freed a second after its kernel task goes idle. Read
+/// every 100 ms until the readings have agreed for 2 s (for at most 10 s,
+/// then the last reading).
 pub fn settled_rss_bytes(pid: u32) -> Result<u64> {
+    const STILL_READINGS: u32 = 20;
     let mut last = rss_bytes(pid)?;
     let mut same = 0;
-    for _ in 0..50 {
+    for _ in 0..100 {
         std::thread::sleep(Duration::from_millis(100));
         let now = rss_bytes(pid)?;
         same = if now == last { same + 1 } else { 0 };
         last = now;
-        if same == 2 {
+        if same == STILL_READINGS {
             break;
         }
     }

@@ -231,7 +231,9 @@ pub fn run(bench: &Bench) -> Result<()> {
     println!(
         "  cold: the agent started (calc-flannel, vxmgrd already serving; or flanneld) with the leases in etcd → the last route in the kernel."
     );
-    println!("  VmRSS: once the node has every route, when three readings 100 ms apart agree.");
+    println!(
+        "  VmRSS: once the node has every route, when readings 100 ms apart have agreed for 2 s."
+    );
     match &flanneld {
         Some((path, version)) => {
             println!("  flanneld: {} ({version}), etcd, vxlan.", path.display())
