@@ -174,7 +174,23 @@ fn a_stream_declaring_the_hosts_destinations_is_refused_and_reported() {
             "{expected:?} missing from {statuses}"
         );
     }
-    assert!(statuses.contains("BATCH_RESULT_PARTIAL"), "{statuses}");
+    // Batches close by backpressure, so on a busy host the refused messages
+    // may make a batch of their own: then nothing in it applied.
+    for status in statuses.lines() {
+        let status: serde_json::Value = serde_json::from_str(status).unwrap();
+        if status.get("kernelErrors").is_none() {
+            continue;
+        }
+        let applied = status["objects"]
+            .as_object()
+            .is_some_and(|counts| !counts.is_empty());
+        let expected = if applied {
+            "BATCH_RESULT_PARTIAL"
+        } else {
+            "BATCH_RESULT_FAILED"
+        };
+        assert_eq!(status["result"], expected, "{status}");
+    }
     // Everything else of the stream applied, and the host is as it was.
     let block = cluster.node(2).block_v4();
     let route = testbed::sh(&ns, &format!("ip route show {block}")).unwrap();

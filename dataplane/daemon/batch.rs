@@ -82,9 +82,11 @@ impl Batch {
         let changed_kernel = report.added + report.changed + report.removed > 0;
         let nothing_applied =
             self.count > 0 && self.rejected.len() as u32 == self.count && !changed_kernel;
-        let every_op_failed =
-            report.operations > 0 && report.errors.len() as u32 >= report.operations;
-        let result = if nothing_applied || every_op_failed {
+        // Errors count refusals made before any operation was sent, so
+        // comparing them with the operations attempted says nothing: a
+        // batch failed when it reported errors and changed nothing.
+        let only_errors = !report.errors.is_empty() && !changed_kernel;
+        let result = if nothing_applied || only_errors {
             BatchResult::Failed
         } else if !self.rejected.is_empty() || !report.errors.is_empty() {
             BatchResult::Partial
@@ -199,6 +201,18 @@ mod tests {
                 batch(2, &[]),
                 report(0, 2, 2),
                 BatchResult::Failed,
+            ),
+            (
+                "refused before any operation",
+                batch(2, &[]),
+                report(0, 0, 2),
+                BatchResult::Failed,
+            ),
+            (
+                "more refusals than operations, some applied",
+                batch(7, &[]),
+                report(3, 3, 4),
+                BatchResult::Partial,
             ),
         ];
         for (what, b, r, want) in cases {
