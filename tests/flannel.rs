@@ -874,8 +874,16 @@ fn pods_ping_v4(pods: &[Pod]) {
     }
 }
 
-/// A lease of a node that is not there (its route is all that counts).
+/// VXLAN_V4 with the agents' subnets kept below 10.50.100.0/24, for tests
+/// that write absent nodes' leases from there up: an absent node's lease
+/// written over an agent's would take its subnet away.
+const VXLAN_V4_AGENTS_BELOW_100: &str =
+    r#"{"Network": "10.50.0.0/16", "SubnetMax": "10.50.99.0", "Backend": {"Type": "vxlan"}}"#;
+
+/// A lease of a node that is not there (its route is all that counts), at
+/// 10.50.`n`.0/24: `n` from 100 up, with [`VXLAN_V4_AGENTS_BELOW_100`].
 fn absent_node_lease(n: u8) -> (String, String) {
+    assert!(n >= 100, "absent nodes lease from 10.50.100.0/24 up");
     (
         format!("{PREFIX}/subnets/10.50.{n}.0-24"),
         format!(
@@ -1028,7 +1036,7 @@ fn etcd_cluster_faults_delete_no_route_and_changes_made_meanwhile_are_programmed
         return;
     }
     let mut c = cluster(3);
-    let endpoints = block_on(c.start_etcd_cluster(&ETCD_MEMBERS, VXLAN_V4))
+    let endpoints = block_on(c.start_etcd_cluster(&ETCD_MEMBERS, VXLAN_V4_AGENTS_BELOW_100))
         .unwrap()
         .endpoints();
     for node in &mut c.cluster.nodes {
@@ -1159,7 +1167,7 @@ fn calc_flannel_killed_at_random_moments_keeps_its_subnet_and_every_route() {
     ));
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut c = cluster(3);
-    block_on(c.set_config(VXLAN_V4)).unwrap();
+    block_on(c.set_config(VXLAN_V4_AGENTS_BELOW_100)).unwrap();
     // Renewed every 2 s: kills land in renewals too.
     let agent = [
         "--etcd-endpoints",
