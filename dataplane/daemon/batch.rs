@@ -80,13 +80,11 @@ impl Batch {
     pub fn status(&self, report: &Report, apply_time: Duration, in_sync: bool) -> BatchStatus {
         // A rejected ConfigUpdate may still have applied its good keys.
         let changed_kernel = report.added + report.changed + report.removed > 0;
-        let nothing_applied =
-            self.count > 0 && self.rejected.len() as u32 == self.count && !changed_kernel;
-        // Errors count refusals made before any operation was sent, so
-        // comparing them with the operations attempted says nothing: a
-        // batch failed when it reported errors and changed nothing.
-        let only_errors = !report.errors.is_empty() && !changed_kernel;
-        let result = if nothing_applied || only_errors {
+        let all_rejected = self.count > 0 && self.rejected.len() as u32 == self.count;
+        // Errors count refusals made before any operation was sent, so they
+        // are not compared with the operations attempted: a batch failed
+        // when it changed nothing and had something to report.
+        let result = if !changed_kernel && (all_rejected || !report.errors.is_empty()) {
             BatchResult::Failed
         } else if !self.rejected.is_empty() || !report.errors.is_empty() {
             BatchResult::Partial
