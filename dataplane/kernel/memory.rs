@@ -486,17 +486,16 @@ impl MemoryKernel {
                 false => DumpedNexthop::Single(*n),
             });
         let indexes: Vec<u32> = devices.iter().map(|d| d.index).collect();
-        let nexthops = ownership.sort_out_nexthops(&indexes, nexthops.collect());
-        let routes = ownership.sort_out_routes(&indexes, routes.collect(), &nexthops.ids());
+        let sorted = ownership.sort_out(&indexes, routes.collect(), nexthops.collect());
         KernelState {
             devices,
-            routes: routes.routes,
-            nexthops: nexthops.nexthops,
+            routes: sorted.routes,
+            nexthops: sorted.nexthops,
             neighbors,
             fdb,
             ipsets,
-            foreign_routes: routes.foreign_routes,
-            foreign_nexthops: nexthops.foreign_nexthops,
+            foreign_routes: sorted.foreign_routes,
+            foreign_nexthops: sorted.foreign_nexthops,
         }
     }
 }

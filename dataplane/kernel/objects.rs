@@ -5,7 +5,6 @@ use std::fmt;
 use std::net::IpAddr;
 use std::num::NonZeroU32;
 
-use foldhash::HashSet;
 use ipnetwork::IpNetwork;
 
 use crate::model::{Family, MacAddr};
@@ -336,10 +335,15 @@ impl Ownership {
             }
     }
 
-    /// Sorts what a dump of nexthops found into ours and the rest;
-    /// `devices`: the interface indexes of our devices.
-    pub fn sort_out_nexthops(&self, devices: &[u32], nexthops: Vec<DumpedNexthop>) -> NexthopDump {
-        let mut dump = NexthopDump::default();
+    /// Sorts what a dump of routes and nexthops found into ours and the
+    /// rest; `devices`: the interface indexes of our devices.
+    pub fn sort_out(
+        &self,
+        devices: &[u32],
+        routes: Vec<TableRoute>,
+        nexthops: Vec<DumpedNexthop>,
+    ) -> RouteDump {
+        let mut dump = RouteDump::default();
         for nexthop in nexthops {
             match nexthop {
                 DumpedNexthop::Single(n) if self.owns_nexthop(&n, devices) => dump.nexthops.push(n),
@@ -347,23 +351,10 @@ impl Ownership {
                 DumpedNexthop::Other(id) => dump.foreign_nexthops.push(id),
             }
         }
-        dump
-    }
-
-    /// Sorts what a dump of the main tables found into ours and the rest;
-    /// `our_nexthops`: the ids [`Ownership::sort_out_nexthops`] found ours.
-    pub fn sort_out_routes(
-        &self,
-        devices: &[u32],
-        routes: Vec<TableRoute>,
-        our_nexthops: &HashSet<u32>,
-    ) -> RouteDump {
-        let mut dump = RouteDump::default();
+        let ours: std::collections::HashSet<u32> = dump.nexthops.iter().map(|n| n.id).collect();
         for route in routes {
             match route {
-                TableRoute::Shaped(r)
-                    if self.owns_route(&r, devices, |id| our_nexthops.contains(&id)) =>
-                {
+                TableRoute::Shaped(r) if self.owns_route(&r, devices, |id| ours.contains(&id)) => {
                     dump.routes.push(r)
                 }
                 TableRoute::Shaped(r) => dump.foreign_routes.push(ForeignRoute::of_shape(&r)),
@@ -383,37 +374,24 @@ pub enum DumpedNexthop {
     Other(u32),
 }
 
-/// The nexthops, as a dump sorted them out.
+/// The main table's routes and the nexthops, as a dump sorted them out:
+/// routes go through nexthops, so they are read and handed over together.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NexthopDump {
+pub struct RouteDump {
+    pub routes: Vec<KernelRoute>,
     pub nexthops: Vec<KernelNexthop>,
+    /// Every other main-table route: vxmgr keeps out of their way.
+    pub foreign_routes: Vec<ForeignRoute>,
     /// Ids of every other nexthop: never taken for one of ours.
     pub foreign_nexthops: Vec<u32>,
 }
 
-impl NexthopDump {
-    /// The ids of our nexthops.
-    pub fn ids(&self) -> HashSet<u32> {
-        self.nexthops.iter().map(|n| n.id).collect()
-    }
-}
-
-/// The main tables' routes, as a dump sorted them out.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RouteDump {
-    pub routes: Vec<KernelRoute>,
-    /// Every other main-table route: vxmgr keeps out of their way.
-    pub foreign_routes: Vec<ForeignRoute>,
-}
-
 /// Where a dump's parts go, each as soon as it is read: the devices first,
-/// then the others in whatever order their reads end, but the nexthops
-/// always before the routes (which go through them). A part that comes is
+/// then the others in whatever order their reads end. A part that comes is
 /// whole; a dump that fails leaves out the parts not yet read.
 pub trait DumpSink: Send {
     /// Our devices that exist (by name in `Ownership::devices`).
     fn devices(&mut self, devices: Vec<Link>);
-    fn nexthops(&mut self, nexthops: NexthopDump);
     fn routes(&mut self, routes: RouteDump);
     fn neighbors(&mut self, neighbors: Vec<KernelNeighbor>);
     fn fdb(&mut self, fdb: Vec<KernelFdb>);
@@ -442,13 +420,11 @@ impl KernelState {
     /// Hands every part to `sink`, in a dump's order.
     pub fn hand_to(self, sink: &mut dyn DumpSink) {
         sink.devices(self.devices);
-        sink.nexthops(NexthopDump {
-            nexthops: self.nexthops,
-            foreign_nexthops: self.foreign_nexthops,
-        });
         sink.routes(RouteDump {
             routes: self.routes,
+            nexthops: self.nexthops,
             foreign_routes: self.foreign_routes,
+            foreign_nexthops: self.foreign_nexthops,
         });
         sink.neighbors(self.neighbors);
         sink.fdb(self.fdb);
@@ -461,13 +437,11 @@ impl DumpSink for KernelState {
     fn devices(&mut self, devices: Vec<Link>) {
         self.devices = devices;
     }
-    fn nexthops(&mut self, nexthops: NexthopDump) {
-        self.nexthops = nexthops.nexthops;
-        self.foreign_nexthops = nexthops.foreign_nexthops;
-    }
     fn routes(&mut self, routes: RouteDump) {
         self.routes = routes.routes;
+        self.nexthops = routes.nexthops;
         self.foreign_routes = routes.foreign_routes;
+        self.foreign_nexthops = routes.foreign_nexthops;
     }
     fn neighbors(&mut self, neighbors: Vec<KernelNeighbor>) {
         self.neighbors = neighbors;

@@ -14,7 +14,7 @@ use super::table::{self, Table};
 use super::{Context, DeviceSlot, Reconciler, Report};
 use crate::config::DeviceNames;
 use crate::desired::{FdbEntry, FdbKey, IpsetMember, Neighbor, Nexthop, NexthopKey, Route};
-use crate::kernel::objects::{DumpSink, KernelFdb, KernelNeighbor, Link, NexthopDump, RouteDump};
+use crate::kernel::objects::{DumpSink, KernelFdb, KernelNeighbor, Link, RouteDump};
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
 
@@ -95,8 +95,12 @@ impl DumpSink for TakingIn<'_> {
         }
     }
 
-    fn nexthops(&mut self, dump: NexthopDump) {
-        // Before the routes: they render through the programmed nexthops.
+    fn routes(&mut self, dump: RouteDump) {
+        let ours: Vec<u32> = (self.devices.iter())
+            .filter_map(|d| d.link.as_ref().map(|l| l.index))
+            .collect();
+        self.host.reset_routes(dump.foreign_routes, &ours);
+        // Nexthops first: routes render through the programmed ones.
         let keyed = self.nexthop_ids.reset(dump.nexthops, dump.foreign_nexthops);
         let ctx = Context::new(self.devices, self.nexthop_ids, None, self.use_nexthops);
         self.nexthops.reset_actual(keyed, &ctx);
@@ -106,13 +110,6 @@ impl DumpSink for TakingIn<'_> {
                 .filter(|(k, _)| ids.get(k).is_none())
                 .map(|(k, _)| k),
         );
-    }
-
-    fn routes(&mut self, dump: RouteDump) {
-        let ours: Vec<u32> = (self.devices.iter())
-            .filter_map(|d| d.link.as_ref().map(|l| l.index))
-            .collect();
-        self.host.reset_routes(dump.foreign_routes, &ours);
         self.routes_read = dump.routes.len();
         let ctx = Context::new(
             self.devices,

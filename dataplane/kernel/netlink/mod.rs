@@ -38,8 +38,7 @@ use netlink_packet_route::RouteNetlinkMessage;
 
 use super::firewall::NftFirewall;
 use super::objects::{
-    DumpSink, DumpedNexthop, KernelFdb, KernelNeighbor, KernelOp, Link, Notification, Ownership,
-    TableRoute,
+    DumpSink, KernelFdb, KernelNeighbor, KernelOp, Link, Notification, Ownership, RouteDump,
 };
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
@@ -267,8 +266,7 @@ fn io_error(error: &io::Error) -> KernelError {
 
 /// One part of a dump, read.
 enum DumpPart {
-    Nexthops(Vec<DumpedNexthop>),
-    Routes(Vec<TableRoute>),
+    Routes(RouteDump),
     Neighbors(Vec<KernelNeighbor>),
     Fdb(Vec<KernelFdb>),
     Ipsets(Vec<(String, Vec<IpNetwork>)>),
@@ -293,9 +291,7 @@ impl KernelBackend for NetlinkBackend {
         // taking one in overlaps the reading of the others. They take the
         // dump sockets in the order they ask for them: the FDB first, whose
         // dump the kernel writes slowest (it walks the device's table from
-        // the start for every datagram), then the routes, the largest. The
-        // nexthops, read long before the routes, are taken in while the
-        // routes are still read.
+        // the start for every datagram), then the routes, the largest.
         let this = &*self;
         let indexes = &indexes;
         let mut parts: FuturesUnordered<BoxFuture<'_, Result<DumpPart, KernelError>>> =
@@ -304,10 +300,10 @@ impl KernelBackend for NetlinkBackend {
             this.dump_fdb(indexes).await.map(DumpPart::Fdb)
         }));
         parts.push(Box::pin(async move {
-            this.dump_routes().await.map(DumpPart::Routes)
-        }));
-        parts.push(Box::pin(async move {
-            this.dump_nexthops().await.map(DumpPart::Nexthops)
+            let (routes, nexthops) = futures::try_join!(this.dump_routes(), this.dump_nexthops())?;
+            Ok(DumpPart::Routes(
+                ownership.sort_out(indexes, routes, nexthops),
+            ))
         }));
         parts.push(Box::pin(async move {
             this.dump_neighbors(indexes).await.map(DumpPart::Neighbors)
@@ -317,26 +313,12 @@ impl KernelBackend for NetlinkBackend {
                 .await
                 .map(DumpPart::Ipsets)
         }));
-        // Which routes are ours depends on which nexthops are: routes read
-        // first wait for them.
-        let mut our_nexthops = None;
-        let mut routes = None;
         while let Some(part) = parts.next().await {
             match part? {
-                DumpPart::Nexthops(dumped) => {
-                    let sorted = ownership.sort_out_nexthops(indexes, dumped);
-                    our_nexthops = Some(sorted.ids());
-                    sink.nexthops(sorted);
-                }
-                DumpPart::Routes(dumped) => routes = Some(dumped),
+                DumpPart::Routes(routes) => sink.routes(routes),
                 DumpPart::Neighbors(neighbors) => sink.neighbors(neighbors),
                 DumpPart::Fdb(fdb) => sink.fdb(fdb),
                 DumpPart::Ipsets(ipsets) => sink.ipsets(ipsets),
-            }
-            if let Some(ours) = &our_nexthops
-                && let Some(dumped) = routes.take()
-            {
-                sink.routes(ownership.sort_out_routes(indexes, dumped, ours));
             }
         }
         Ok(())

@@ -215,7 +215,7 @@ impl NetlinkBackend {
     }
 
     /// Every nexthop: whose each one is, the caller decides
-    /// (`Ownership::sort_out_nexthops`).
+    /// (`Ownership::sort_out`).
     pub(super) async fn dump_nexthops(&self) -> Result<Vec<DumpedNexthop>, KernelError> {
         self.dumps
             .dump(NexthopMessage::dump(), |message| {

@@ -77,7 +77,7 @@ pub(super) fn delete_request(route: &KernelRoute) -> (RouteNetlinkMessage, u16) 
 
 impl NetlinkBackend {
     /// Every main-table route, both families at once: whose each one is,
-    /// the caller decides (`Ownership::sort_out_routes`). One dump per family
+    /// the caller decides (`Ownership::sort_out`). One dump per family
     /// serves both ours and the host's, which vxmgr keeps out of the way of.
     pub(super) async fn dump_routes(&self) -> Result<Vec<TableRoute>, KernelError> {
         let dumps = [AddressFamily::Inet, AddressFamily::Inet6].map(|family| {
