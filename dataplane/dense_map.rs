@@ -69,6 +69,17 @@ impl<K, V> DenseMap<K, V> {
         self.entries.iter_mut().map(|(k, v)| (&*k, v))
     }
 
+    /// The entries cut into at most `runs` runs of about equal length, each
+    /// with the position of its first entry: one walk split over threads.
+    pub fn runs_mut(
+        &mut self,
+        runs: usize,
+    ) -> impl Iterator<Item = (usize, impl ExactSizeIterator<Item = (&K, &mut V)>)> {
+        let length = self.entries.len().div_ceil(runs.max(1)).max(1);
+        (self.entries.chunks_mut(length).enumerate())
+            .map(move |(i, run)| (i * length, run.iter_mut().map(|(k, v)| (&*k, v))))
+    }
+
     pub fn keys(&self) -> impl ExactSizeIterator<Item = &K> + Clone {
         self.entries.iter().map(|(k, _)| k)
     }
@@ -150,6 +161,13 @@ impl<K: Hash + Eq, V> DenseMap<K, V> {
             Some(at) => at,
             None => self.push(key, make()),
         }
+    }
+
+    /// The entry at a position: one `position_or_insert_with` gave, or
+    /// one of `iter`'s order.
+    pub fn at(&self, at: usize) -> (&K, &V) {
+        let (k, v) = &self.entries[at];
+        (k, v)
     }
 
     /// The entry at a position `position_or_insert_with` gave.
@@ -315,5 +333,27 @@ mod tests {
         let mut expected: Vec<_> = reference.into_iter().collect();
         expected.sort();
         assert_eq!(all, expected);
+    }
+
+    #[test]
+    fn runs_cover_every_entry_once_at_their_positions() {
+        for (entries, runs) in [(0, 2), (1, 2), (7, 2), (7, 3), (8, 8), (5, 9)] {
+            let mut map: DenseMap<u32, u32> = (0..entries).map(|k| (k, 0)).collect();
+            let mut seen = 0;
+            let mut cut = 0;
+            for (start, run) in map.runs_mut(runs) {
+                assert_eq!(start, seen);
+                for (position, (key, value)) in (start..).zip(run) {
+                    // Keys went in in order: each sits at its own value.
+                    assert_eq!(*key as usize, position);
+                    *value += 1;
+                    seen += 1;
+                }
+                cut += 1;
+            }
+            assert_eq!(seen, entries as usize);
+            assert!(cut <= runs);
+            assert!(map.values().all(|v| *v == 1));
+        }
     }
 }

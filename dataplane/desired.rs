@@ -110,7 +110,7 @@ pub struct IpsetMember(pub IpNetwork);
 pub trait Desired: Clone + PartialEq + fmt::Debug {
     /// What the kind is called in messages ("route", "neighbor", ...).
     const KIND: &'static str;
-    type Key: Clone + Eq + Hash + Ord + fmt::Debug + fmt::Display;
+    type Key: Clone + Eq + Hash + Ord + fmt::Debug + fmt::Display + Send;
     fn key(&self) -> Self::Key;
     /// The object as `ip` shows it, naming the VXLAN devices in effect.
     fn describe(&self, devices: &DeviceNames) -> String;

@@ -25,7 +25,7 @@ use crate::model::{Family, MacAddr};
 /// An address of one family. Everything a route of that family holds is of
 /// that family: the model rejects a node address of the other, and the
 /// kernel gives a route's gateway in its own family.
-pub trait FamilyAddr: Copy + std::hash::Hash + Eq + Into<IpAddr> {
+pub trait FamilyAddr: Copy + std::hash::Hash + Eq + Into<IpAddr> + Send + Sync {
     const FAMILY: Family;
     fn of(ip: IpAddr) -> Self;
 }
@@ -51,7 +51,7 @@ impl FamilyAddr for Ipv6Addr {
 }
 
 /// A destination of one family.
-pub trait FamilyNet: Copy + std::hash::Hash + Eq {
+pub trait FamilyNet: Copy + std::hash::Hash + Eq + Send + Sync {
     fn of(net: &IpNetwork) -> Self;
     fn net(self) -> IpNetwork;
 }
@@ -298,11 +298,11 @@ where
         self.v4.clear_desired();
         self.v6.clear_desired();
     }
-    fn reset_actual(
+    type Found = (Found, Found);
+    fn find_actual(
         &mut self,
         dumped: impl IntoIterator<Item = (D::Key, D::Kernel)>,
-        render: impl Fn(&D) -> Option<D::Kernel>,
-    ) -> Vec<D::Key> {
+    ) -> (Found, Found) {
         let (mut found_v4, mut found_v6) = (Found::default(), Found::default());
         for (key, kernel) in dumped {
             match key.family() {
@@ -310,6 +310,13 @@ where
                 Family::V6 => self.v6.found(&mut found_v6, &key, kernel),
             }
         }
+        (found_v4, found_v6)
+    }
+    fn settle(
+        &mut self,
+        (found_v4, found_v6): (Found, Found),
+        render: impl Fn(&D) -> Option<D::Kernel> + Sync,
+    ) -> Vec<D::Key> {
         let mut wrong = Vec::new();
         self.v4.settle(found_v4, &render, &mut wrong);
         self.v6.settle(found_v6, &render, &mut wrong);

@@ -53,13 +53,15 @@ impl NexthopIds {
             }
             keep
         });
-        let by_id: HashMap<u32, NexthopKey> =
-            self.by_key.iter().map(|(k, id)| (*id, k.clone())).collect();
+        // Positions, not cloned keys: this map is built at every resync.
+        let by_id: HashMap<u32, usize> = (self.by_key.values().enumerate())
+            .map(|(at, id)| (*id, at))
+            .collect();
         self.unclaimed.clear();
         let mut keyed = Vec::new();
         for nh in dumped {
             match by_id.get(&nh.id) {
-                Some(key) => keyed.push((key.clone(), nh)),
+                Some(&at) => keyed.push((self.by_key.at(at).0.clone(), nh)),
                 None => {
                     self.in_use.insert(nh.id);
                     self.unclaimed

@@ -96,29 +96,39 @@ impl DumpSink for TakingIn<'_> {
     }
 
     fn routes(&mut self, dump: RouteDump) {
-        let ours: Vec<u32> = (self.devices.iter())
-            .filter_map(|d| d.link.as_ref().map(|l| l.index))
-            .collect();
-        self.host.reset_routes(dump.foreign_routes, &ours);
-        // Nexthops first: routes render through the programmed ones.
-        let keyed = self.nexthop_ids.reset(dump.nexthops, dump.foreign_nexthops);
-        let ctx = Context::new(self.devices, self.nexthop_ids, None, self.use_nexthops);
-        self.nexthops.reset_actual(keyed, &ctx);
-        let ids = &*self.nexthop_ids;
-        self.unassigned.extend(
-            (self.nexthops.all_desired())
-                .filter(|(k, _)| ids.get(k).is_none())
-                .map(|(k, _)| k),
-        );
-        self.routes_read = dump.routes.len();
+        let RouteDump {
+            routes,
+            nexthops,
+            foreign_routes,
+            foreign_nexthops,
+        } = dump;
+        self.routes_read = routes.len();
+        let table = &mut *self.routes;
+        // The routes are found on a thread of their own while the nexthops,
+        // through which they render, are taken in here: a large dump's
+        // take-in is otherwise one CPU's work with the others idle.
+        let found = std::thread::scope(|scope| {
+            let finding =
+                scope.spawn(move || table.find_actual(routes.into_iter().map(|r| (r.dst, r))));
+            let ours: Vec<u32> = (self.devices.iter())
+                .filter_map(|d| d.link.as_ref().map(|l| l.index))
+                .collect();
+            self.host.reset_routes(foreign_routes, &ours);
+            let keyed = self.nexthop_ids.reset(nexthops, foreign_nexthops);
+            let ctx = Context::new(self.devices, self.nexthop_ids, None, self.use_nexthops);
+            // A nexthop without an id does not render: it is among the wrong.
+            let wrong = self.nexthops.reset_actual(keyed, &ctx);
+            let ids = &*self.nexthop_ids;
+            (self.unassigned).extend(wrong.into_iter().filter(|k| ids.get(k).is_none()));
+            (finding.join()).unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        });
         let ctx = Context::new(
             self.devices,
             self.nexthop_ids,
             Some(self.nexthops),
             self.use_nexthops,
         );
-        let routes = dump.routes.into_iter().map(|r| (r.dst, r));
-        self.routes.reset_actual(routes, &ctx);
+        self.routes.settle_actual(found, &ctx);
     }
 
     fn neighbors(&mut self, neighbors: Vec<KernelNeighbor>) {

@@ -21,14 +21,19 @@ pub trait Slots<D: Programmable>: Default {
     fn set_actual(&mut self, key: &D::Key, actual: Option<D::Kernel>) -> Option<D::Kernel>;
     /// Forgets every desired object.
     fn clear_desired(&mut self);
-    /// Takes `dumped` as all the kernel holds of this kind, and returns the
+    /// Which slots a resync found in the kernel, until it settles.
+    type Found: Send;
+    /// Takes `dumped` as all the kernel holds of this kind, in a resync that
+    /// `settle` ends. Slots are updated in place, not emptied and filled
+    /// again: a resync without drift writes nothing but what it read.
+    fn find_actual(&mut self, dumped: impl IntoIterator<Item = (D::Key, D::Kernel)>)
+    -> Self::Found;
+    /// Ends a resync: what it did not find is not in the kernel. Returns the
     /// keys of the wanted objects it does not hold as `render` makes them.
-    /// Slots are updated in place, not emptied and filled again: a resync
-    /// without drift writes nothing but what it read.
-    fn reset_actual(
+    fn settle(
         &mut self,
-        dumped: impl IntoIterator<Item = (D::Key, D::Kernel)>,
-        render: impl Fn(&D) -> Option<D::Kernel>,
+        found: Self::Found,
+        render: impl Fn(&D) -> Option<D::Kernel> + Sync,
     ) -> Vec<D::Key>;
     /// Every slot: its key, whether something is wanted, what the kernel holds.
     fn each(&self) -> impl Iterator<Item = (D::Key, bool, Option<D::Kernel>)>;
@@ -41,9 +46,9 @@ pub trait Slots<D: Programmable>: Default {
 pub trait Holding {
     type Object: Programmable;
     /// The key as stored.
-    type Stored: Hash + Eq;
-    type Held;
-    type HeldKernel: Copy;
+    type Stored: Hash + Eq + Send + Sync;
+    type Held: Send + Sync;
+    type HeldKernel: Copy + Send;
     fn store_key(key: &<Self::Object as crate::desired::Desired>::Key) -> Self::Stored;
     fn key(stored: &Self::Stored) -> <Self::Object as crate::desired::Desired>::Key;
     fn hold(object: Self::Object) -> Self::Held;
@@ -70,6 +75,12 @@ impl<H, K> Default for Slot<H, K> {
         }
     }
 }
+
+/// Tables from this many slots settle on several threads.
+const PARALLEL_FROM: usize = 1 << 15;
+
+/// Threads one table settles on at most.
+const MAX_THREADS: usize = 4;
 
 /// Which slots, by position, a resync found in the kernel.
 #[derive(Default)]
@@ -172,25 +183,39 @@ impl<H: Holding> HeldSlots<H> {
 
     /// Ends a resync: what it did not find is not in the kernel. Pushes
     /// onto `wrong` the keys of wanted objects not as `render` makes them.
+    /// A large table is walked in runs on several threads: a resync of
+    /// half a million routes is otherwise one CPU's work while the others
+    /// wait.
     pub fn settle(
         &mut self,
         found: Found,
-        render: impl Fn(&H::Object) -> Option<Kernel<H>>,
+        render: impl Fn(&H::Object) -> Option<Kernel<H>> + Sync,
         wrong: &mut Vec<Key<H>>,
     ) {
+        let threads = if self.map.len() < PARALLEL_FROM {
+            1
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
+        };
+        let (found, render) = (&found, &render);
+        let settled = std::thread::scope(|scope| {
+            let mut runs = self.map.runs_mut(threads);
+            let here = runs.next();
+            let elsewhere: Vec<_> = runs
+                .map(|(start, run)| scope.spawn(move || settle_run::<H>(start, run, found, render)))
+                .collect();
+            let mut settled: Vec<_> = (here.into_iter())
+                .map(|(start, run)| settle_run::<H>(start, run, found, render))
+                .collect();
+            settled.extend(elsewhere.into_iter().map(|thread| {
+                (thread.join()).unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            }));
+            settled
+        });
         let mut emptied = false;
-        for (at, (stored, slot)) in self.map.iter_mut().enumerate() {
-            if !found.0.get(at).copied().unwrap_or(false) {
-                slot.actual = None;
-            }
-            let Some(held) = &slot.desired else {
-                emptied |= slot.actual.is_none();
-                continue;
-            };
-            let actual = slot.actual.map(|held| H::unhold_kernel(stored, held));
-            if render(&H::unhold(stored, held)).is_none_or(|kernel| actual != Some(kernel)) {
-                wrong.push(H::key(stored));
-            }
+        for (keys, any_emptied) in settled {
+            wrong.extend(keys);
+            emptied |= any_emptied;
         }
         if emptied {
             self.map
@@ -212,4 +237,30 @@ impl<H: Holding> HeldSlots<H> {
             Some((H::key(stored), desired, actual))
         })
     }
+}
+
+/// Settles the run of slots from position `start`: the keys of wanted
+/// objects not as `render` makes them, and whether a slot was emptied.
+fn settle_run<'a, H: Holding + 'a>(
+    start: usize,
+    run: impl Iterator<Item = (&'a H::Stored, &'a mut Slot<H::Held, H::HeldKernel>)>,
+    found: &Found,
+    render: impl Fn(&H::Object) -> Option<Kernel<H>>,
+) -> (Vec<Key<H>>, bool) {
+    let mut wrong = Vec::new();
+    let mut emptied = false;
+    for (at, (stored, slot)) in (start..).zip(run) {
+        if !found.0.get(at).copied().unwrap_or(false) {
+            slot.actual = None;
+        }
+        let Some(held) = &slot.desired else {
+            emptied |= slot.actual.is_none();
+            continue;
+        };
+        let actual = slot.actual.map(|held| H::unhold_kernel(stored, held));
+        if render(&H::unhold(stored, held)).is_none_or(|kernel| actual != Some(kernel)) {
+            wrong.push(H::key(stored));
+        }
+    }
+    (wrong, emptied)
 }

@@ -18,7 +18,7 @@ use tracing::{debug, info, warn};
 
 /// Interface indexes and nexthop ids a desired object needs to be rendered
 /// into its kernel form.
-pub trait RenderContext {
+pub trait RenderContext: Sync {
     /// The family's device, while it exists and is up.
     fn device_index(&self, family: Family) -> Option<u32>;
     /// Whether nothing says the interface is down.
@@ -29,6 +29,9 @@ pub trait RenderContext {
     fn programmed_nexthop(&self, key: &NexthopKey) -> Option<u32>;
     fn use_nexthops(&self) -> bool;
 }
+
+/// What a resync found of a kind, until it settles.
+pub type Found<D> = <<D as Programmable>::Slots as Slots<D>>::Found;
 
 /// How a kind of desired object maps onto the kernel.
 pub trait Programmable: Desired {
@@ -253,19 +256,34 @@ impl<D: Programmable> Table<D> {
     }
 
     /// Takes what a dump found as the actual state: what differs from the
-    /// desired state (or cannot be rendered yet) becomes pending, what
-    /// nothing wants stale. Comparing here, rather than marking every key
+    /// desired state (or cannot be rendered yet) becomes pending, and is
+    /// returned; what nothing wants becomes stale. Comparing here, rather than marking every key
     /// pending, keeps a resync without drift from touching the pending set.
     pub fn reset_actual(
         &mut self,
         actual: impl IntoIterator<Item = (D::Key, D::Kernel)>,
         ctx: &dyn RenderContext,
-    ) {
-        let wrong = self
-            .slots
-            .reset_actual(actual, |desired| desired.render(ctx));
-        self.pending.extend(wrong);
+    ) -> Vec<D::Key> {
+        let found = self.find_actual(actual);
+        self.settle_actual(found, ctx)
+    }
+
+    /// The first half of [`Table::reset_actual`], which needs no context:
+    /// it can run while what renders this kind is still being taken in.
+    pub fn find_actual(
+        &mut self,
+        actual: impl IntoIterator<Item = (D::Key, D::Kernel)>,
+    ) -> Found<D> {
+        self.slots.find_actual(actual)
+    }
+
+    /// The second half of [`Table::reset_actual`]. Returns the keys that
+    /// became pending.
+    pub fn settle_actual(&mut self, found: Found<D>, ctx: &dyn RenderContext) -> Vec<D::Key> {
+        let wrong = self.slots.settle(found, |desired| desired.render(ctx));
+        self.pending.extend(wrong.iter().cloned());
         self.mark_stale();
+        wrong
     }
 
     /// Marks for deletion everything in the kernel that nothing wants.

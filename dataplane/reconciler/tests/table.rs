@@ -121,3 +121,36 @@ fn a_resync_takes_the_dump_as_the_actual_state() {
     assert!(table.is_gone(&c));
     assert_eq!(table.all_actual().count(), 2);
 }
+
+/// A table this large settles on several threads where the machine has
+/// them: what each run finds wrong or stale is the whole table's.
+#[test]
+fn a_resync_of_a_large_table_finds_every_difference() {
+    let mut table = Table::<IpsetMember>::new(Duration::from_secs(10));
+    let member = |i: u32| IpNetwork::from(std::net::IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
+    const WANTED: u32 = (1 << 16) + 3;
+    for i in 0..WANTED {
+        let key = member(i);
+        table.set_desired(Change {
+            key,
+            desired: Some(IpsetMember(key)),
+        });
+    }
+    program(&mut table, true);
+
+    // The kernel lost every seventh member and holds 1,000 nobody wants.
+    let held = (0..WANTED)
+        .filter(|i| i % 7 != 0)
+        .chain(WANTED..WANTED + 1000);
+    table.reset_actual(held.map(|i| (member(i), member(i))), &NoContext);
+    let done = program(&mut table, true);
+    let added: Vec<_> = (done.iter())
+        .filter(|(_, e)| *e == Effect::Added)
+        .map(|(k, _)| *k)
+        .collect();
+    let removed = done.iter().filter(|(_, e)| *e == Effect::Removed).count();
+    assert_eq!(added.len(), WANTED.div_ceil(7) as usize);
+    assert!(added.iter().all(|k| table.actual(k) == Some(*k)));
+    assert_eq!(removed, 1000);
+    assert_eq!(table.all_actual().count(), WANTED as usize);
+}
