@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Result, ensure};
+use anyhow::Result;
 
 use crate::testbed::churn::{leave, split, vtep_changes};
 
@@ -146,7 +146,7 @@ pub fn churn(bench: &Bench, nodes: u32) -> Result<Samples> {
     let samples = bench.runtime.block_on(async {
         let mut session = Session::open(&daemon.socket()).await?;
         let converged = session.send(snapshot).await?;
-        ensure!(converged.all_ok(), "the snapshot did not apply cleanly");
+        converged.ensure_ok("the snapshot")?;
         let mut samples = Samples::default();
         for (joiner, change) in joiners.into_iter().zip(changes) {
             let leave = leave(&joiner)?;
@@ -154,7 +154,7 @@ pub fn churn(bench: &Bench, nodes: u32) -> Result<Samples> {
             samples.record(Op::VtepChange, &session.send(vec![change]).await?);
             samples.record(Op::Leave, &session.send(leave).await?);
         }
-        Ok(samples)
+        anyhow::Ok(samples)
     })?;
     eprintln!("churn: {nodes} nodes: {ops} operations of each kind done");
     Ok(samples)

@@ -138,7 +138,7 @@ fn periodic_resyncs(netns: &Netns) -> Result<u64> {
 fn converged_rss(bench: &Bench, nodes: u32, daemon: &Vxmgrd) -> Result<u64> {
     let messages = bench.clusters.messages(nodes)?;
     let delivery = bench.runtime.block_on(replay(&daemon.socket(), messages))?;
-    ensure!(delivery.all_ok(), "{nodes} nodes did not apply cleanly");
+    delivery.ensure_ok(&format!("{nodes} nodes"))?;
     daemon.settled_rss_bytes()
 }
 

@@ -38,10 +38,7 @@ pub fn run(bench: &Bench) -> Result<()> {
     );
     bench.runtime.block_on(async {
         let mut session = Session::open(&daemon.socket()).await?;
-        ensure!(
-            session.send(snapshot).await?.all_ok(),
-            "the snapshot did not apply cleanly"
-        );
+        session.send(snapshot).await?.ensure_ok("the snapshot")?;
         let converged = Census::of(netns.name())?;
         table.row(row(0, 0, 0, &daemon, &converged)?);
         let started = Instant::now();

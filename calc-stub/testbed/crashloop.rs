@@ -632,7 +632,10 @@ impl Loop<'_> {
             match action {
                 Action::Send(messages) => {
                     let session = self.session.as_mut().context("no stream open")?;
-                    ensure!(session.send(messages).await?.all_ok(), "a batch was not OK");
+                    session
+                        .send(messages)
+                        .await?
+                        .ensure_ok("the step's messages")?;
                 }
                 Action::Reconnect(view) => {
                     self.session = None;
@@ -684,7 +687,7 @@ impl Loop<'_> {
     async fn sync(&mut self, view: Vec<ToDataplane>) -> Result<()> {
         let mut session = self.open().await?;
         let delivery = session.send(view).await?;
-        ensure!(delivery.all_ok(), "the view's batches were not all OK");
+        delivery.ensure_ok("the view")?;
         self.session = Some(session);
         self.session
             .as_mut()

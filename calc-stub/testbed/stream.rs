@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
@@ -41,6 +41,22 @@ impl Delivery {
         self.statuses
             .iter()
             .all(|s| s.result == BatchResult::Ok as i32)
+    }
+
+    /// An error naming `what` and, for each status that was not OK, its
+    /// messages, result, rejections and kernel errors (a few of each).
+    pub fn ensure_ok(&self, what: &str) -> Result<()> {
+        let not_ok: Vec<String> = (self.statuses.iter())
+            .filter(|s| s.result != BatchResult::Ok as i32)
+            .take(SHOWN)
+            .map(describe_not_ok)
+            .collect();
+        ensure!(
+            not_ok.is_empty(),
+            "{what}: not every batch was OK:\n{}",
+            not_ok.join("\n")
+        );
+        Ok(())
     }
 
     /// The daemon's own apply time for these messages.
@@ -118,6 +134,30 @@ impl Session {
             .await
             .with_context(|| format!("no DataplaneInSync in {STATUS_TIMEOUT:?}"))?
     }
+}
+
+/// Statuses, and rejections and kernel errors in one, that an error shows.
+const SHOWN: usize = 5;
+
+fn describe_not_ok(status: &BatchStatus) -> String {
+    let result = BatchResult::try_from(status.result).map_or_else(
+        |_| status.result.to_string(),
+        |r| r.as_str_name().to_string(),
+    );
+    let rejected = (status.rejected.iter().take(SHOWN))
+        .map(|r| format!("message {} rejected: {}", r.sequence_number, r.reason));
+    let errors =
+        (status.kernel_errors.iter().take(SHOWN)).map(|e| format!("{}: {}", e.object, e.error));
+    let details: Vec<String> = rejected.chain(errors).collect();
+    format!(
+        "messages {}-{}: {result} ({} rejected, {} kernel errors){}{}",
+        status.first_sequence,
+        status.last_sequence,
+        status.rejected.len(),
+        status.kernel_errors.len(),
+        if details.is_empty() { "" } else { ": " },
+        details.join("; ")
+    )
 }
 
 /// Batch statuses up to the one covering message `last`; heartbeats and
