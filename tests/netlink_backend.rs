@@ -24,7 +24,7 @@ use vxmgr::desired::{
 use vxmgr::kernel::netlink::NetlinkBackend;
 use vxmgr::kernel::objects::{
     ForeignRoute, IpsetChange, KernelFdb, KernelNeighbor, KernelNexthop, KernelOp, KernelRoute,
-    KernelRouteVia, Ownership, VxlanAttrs, VxlanSpec,
+    KernelRouteVia, Notification, Ownership, TableRoute, VxlanAttrs, VxlanSpec,
 };
 use vxmgr::kernel::{KernelBackend, KernelError};
 use vxmgr::model::{Family, MacAddr};
@@ -1377,4 +1377,55 @@ fn reconciler_converges_with_inline_gateways() {
         "reconciler_converges_with_inline_gateways",
         NexthopMode::Off,
     );
+}
+
+/// The kernel's notifications of changes made while nothing read them
+/// (`ip -batch` runs while the runtime is blocked) are all taken in, in
+/// order, once the watch has caught up: a route added, deleted and added
+/// again is seen so, and no older notice comes after a newer one.
+#[test]
+fn a_watch_that_has_caught_up_has_every_change_made_before() {
+    let Some(netns) = Netns::for_test("a_watch_that_has_caught_up_has_every_change_made_before")
+    else {
+        return;
+    };
+    let probe = netns.probe();
+    netns.run(move |mut backend| async move {
+        let mut watch = backend.watch().expect("subscribing");
+        let dsts: Vec<String> = (0..1000u32)
+            .map(|i| format!("10.100.{}.{}/32", i >> 8, i & 0xff))
+            .collect();
+        let commands: String = ["add", "del", "add"]
+            .iter()
+            .flat_map(|verb| {
+                dsts.iter()
+                    .map(move |dst| format!("route {verb} {dst} dev veth0 proto {PROTOCOL}\n"))
+            })
+            .collect();
+        let batch = std::env::temp_dir().join(format!("{}.batch", probe.name));
+        std::fs::write(&batch, commands).unwrap();
+        probe.ip(&["-batch", batch.to_str().unwrap()]);
+        std::fs::remove_file(&batch).unwrap();
+        watch.caught_up().await;
+        let mut seen: std::collections::HashMap<IpNetwork, Vec<&str>> = Default::default();
+        while let Some(notification) = watch.try_recv() {
+            let (route, kind) = match notification {
+                Notification::Route(route) => (route, "added"),
+                Notification::RouteGone(route) => (route, "deleted"),
+                _ => continue,
+            };
+            let dst = match route {
+                TableRoute::Shaped(route) => route.dst,
+                TableRoute::Other(route) => route.dst,
+            };
+            seen.entry(dst).or_default().push(kind);
+        }
+        for dst in &dsts {
+            assert_eq!(
+                seen.get(&net(dst)).map(Vec::as_slice),
+                Some(&["added", "deleted", "added"][..]),
+                "{dst}"
+            );
+        }
+    });
 }

@@ -9,7 +9,7 @@ use std::path::Path;
 use super::{Result, TestbedError, run, sh};
 use vxmgr::model::MacAddr;
 use vxmgr::wire::felix::{
-    RouteRemove, ToDataplane, VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate,
+    ConfigUpdate, RouteRemove, ToDataplane, VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate,
     to_dataplane::Payload,
 };
 use vxmgr::wire::replay::read_file;
@@ -244,9 +244,35 @@ impl Churn {
     }
 }
 
-fn message(payload: Payload) -> ToDataplane {
+/// A message to be numbered as it is sent.
+pub fn message(payload: Payload) -> ToDataplane {
     ToDataplane {
         sequence_number: 0,
         payload: Some(payload),
     }
+}
+
+/// The VTEPs and routes of `messages`, without a config or InSync: what
+/// views of a generated world are made of.
+pub fn topology(messages: Vec<ToDataplane>) -> Vec<ToDataplane> {
+    messages
+        .into_iter()
+        .filter(|m| {
+            matches!(
+                m.payload,
+                Some(Payload::VtepUpdate(_) | Payload::RouteUpdate(_))
+            )
+        })
+        .collect()
+}
+
+/// The config of a generated world on VXLAN network `vni`.
+pub fn config(vni: u32) -> ToDataplane {
+    message(Payload::ConfigUpdate(ConfigUpdate {
+        config: [("VXLANVNI", vni.to_string()), ("VXLANPort", "4789".into())]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+        ..Default::default()
+    }))
 }

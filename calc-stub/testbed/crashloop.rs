@@ -18,13 +18,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 
-use super::churn::{self, GENERATED_LOCAL, generate};
+use super::churn::{self, GENERATED_LOCAL, config, generate, message};
 use super::stream::Session;
 use super::{Census, Cluster, Monitor, host, try_in};
 use vxmgr::model::Family;
 use vxmgr::wire::felix::{
-    ConfigUpdate, InSync, IpamPool, IpamPoolRemove, IpamPoolUpdate, ToDataplane,
-    to_dataplane::Payload,
+    InSync, IpamPool, IpamPoolRemove, IpamPoolUpdate, ToDataplane, to_dataplane::Payload,
 };
 
 /// The variable that sets the seed of the kill points.
@@ -37,9 +36,6 @@ const REFRESH: Duration = Duration::from_secs(2);
 /// How long the kernel may take to match after DataplaneInSync before the
 /// loop fails (the time it took is measured, not judged, below this).
 const CONVERGENCE_DEADLINE: Duration = Duration::from_secs(60);
-
-/// How long a new stream waits for the previous one's slot.
-const SLOT_WAIT: Duration = Duration::from_secs(10);
 
 /// The VNI of the world, and the one a VNI change moves it to.
 const VNI: u32 = 4096;
@@ -284,17 +280,6 @@ impl World {
             true,
         )?;
         let (snapshot, joining) = churn::split(world, settings.nodes);
-        let body = |messages: Vec<ToDataplane>| -> Vec<ToDataplane> {
-            messages
-                .into_iter()
-                .filter(|m| {
-                    matches!(
-                        m.payload,
-                        Some(Payload::VtepUpdate(_) | Payload::RouteUpdate(_))
-                    )
-                })
-                .collect()
-        };
         let moves = churn::vtep_changes(&snapshot, GENERATED_LOCAL, joining.len())?;
         let moves_back = churn::originals(&snapshot, &moves)?;
         let mut leaves = Vec::new();
@@ -302,8 +287,8 @@ impl World {
             leaves.extend(churn::leave(joiner)?);
         }
         Ok(World {
-            base: body(snapshot),
-            joiners: body(joining.concat()),
+            base: churn::topology(snapshot),
+            joiners: churn::topology(joining.concat()),
             leaves,
             moves,
             moves_back,
@@ -365,23 +350,6 @@ impl World {
             }
         }
     }
-}
-
-fn message(payload: Payload) -> ToDataplane {
-    ToDataplane {
-        sequence_number: 0,
-        payload: Some(payload),
-    }
-}
-
-fn config(vni: u32) -> ToDataplane {
-    message(Payload::ConfigUpdate(ConfigUpdate {
-        config: [("VXLANVNI", vni.to_string()), ("VXLANPort", "4789".into())]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
-            .collect(),
-        ..Default::default()
-    }))
 }
 
 fn pools(masquerade: bool) -> Vec<ToDataplane> {
@@ -665,27 +633,9 @@ impl Loop<'_> {
         }
     }
 
-    /// A new stream. The previous one's slot frees once vxmgrd has seen it
-    /// end, of which the client hears nothing: the refusal is retried.
-    async fn open(&self) -> Result<Session> {
-        let started = Instant::now();
-        loop {
-            match Session::open(&self.cluster.node(1).socket).await {
-                Err(e)
-                    if started.elapsed() < SLOT_WAIT
-                        && e.downcast_ref::<tonic::Status>()
-                            .is_some_and(|s| s.code() == tonic::Code::FailedPrecondition) =>
-                {
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                opened => return opened,
-            }
-        }
-    }
-
     /// A new stream carrying `view`; waits for DataplaneInSync.
     async fn sync(&mut self, view: Vec<ToDataplane>) -> Result<()> {
-        let mut session = self.open().await?;
+        let mut session = Session::open_after_another(&self.cluster.node(1).socket).await?;
         let delivery = session.send(view).await?;
         delivery.ensure_ok("the view")?;
         self.session = Some(session);

@@ -20,6 +20,9 @@ const QUEUE: usize = 64;
 
 const STATUS_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// How long a new stream waits for the previous one's slot.
+const SLOT_WAIT: Duration = Duration::from_secs(10);
+
 pub struct Session {
     tx: mpsc::Sender<ToDataplane>,
     responses: Streaming<SyncResponse>,
@@ -81,6 +84,25 @@ impl Session {
             responses,
             next_sequence: 1,
         })
+    }
+
+    /// Opens a Sync stream once the previous one's slot is free: it frees
+    /// when vxmgrd has seen the stream end, of which the client hears
+    /// nothing, so the refusal is retried.
+    pub async fn open_after_another(socket: &Path) -> Result<Session> {
+        let started = Instant::now();
+        loop {
+            match Session::open(socket).await {
+                Err(e)
+                    if started.elapsed() < SLOT_WAIT
+                        && e.downcast_ref::<tonic::Status>()
+                            .is_some_and(|s| s.code() == tonic::Code::FailedPrecondition) =>
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                opened => return opened,
+            }
+        }
     }
 
     /// Sends `messages`, numbered on from the previous ones, and waits for

@@ -13,6 +13,8 @@ use super::batch::Batch;
 use super::heap;
 use crate::desired::ParentInterface;
 use crate::kernel::KernelBackend;
+use crate::kernel::objects::Notification;
+use crate::kernel::watch::Watch;
 use crate::metrics::Metrics;
 use crate::metrics::http::CensusQuery;
 use crate::reconciler::{ApplyRequest, FirewallStatus, ObjectError, Reconciler, Report};
@@ -67,13 +69,9 @@ pub async fn run<B: KernelBackend>(
     mut census: mpsc::Receiver<CensusQuery>,
 ) {
     let metrics = options.metrics;
-    let background = |reconciler: &Reconciler<B>, report: Report| KernelEvent::Background {
-        objects: ObjectHealth::of(reconciler),
-        report,
-    };
     // Subscribe before the first dump, so no change falls between them.
-    let mut notifications = match reconciler.watch() {
-        Ok(rx) => Some(rx),
+    let watch = match reconciler.watch() {
+        Ok(watch) => Some(watch),
         Err(e) => {
             warn!(error = %e, "no kernel notifications: drift is repaired by the periodic resync only");
             None
@@ -88,6 +86,13 @@ pub async fn run<B: KernelBackend>(
         );
         let _ = events.send(background(&reconciler, report)).await;
     }
+    let mut task = Task {
+        reconciler,
+        watch,
+        releaser: heap::Releaser::default(),
+        metrics,
+        events,
+    };
     let mut device_check = interval_at(
         tokio::time::Instant::now() + options.device_check_interval,
         options.device_check_interval,
@@ -98,114 +103,190 @@ pub async fn run<B: KernelBackend>(
         poll.set_missed_tick_behavior(MissedTickBehavior::Delay);
         poll
     });
-    let mut releaser = heap::Releaser::default();
     let mut refresh_interval = options.refresh_interval;
     let mut next_refresh = refresh_interval.map(|d| Instant::now() + d);
     loop {
-        let retry_at = reconciler.next_retry();
-        let idle_release_at = releaser.idle_release_at();
-        tokio::select! {
+        let retry_at = task.reconciler.next_retry();
+        let idle_release_at = task.releaser.idle_release_at();
+        // Every arm that reads or changes the kernel takes in what the kernel
+        // has reported first (`Task::catch_up`).
+        let open = tokio::select! {
             command = commands.recv() => match command {
                 None => return,
-                Some(KernelCommand::BeginStream) => reconciler.begin_stream(),
+                Some(KernelCommand::BeginStream) => {
+                    task.reconciler.begin_stream();
+                    true
+                }
                 Some(KernelCommand::FindParents { parent_ips, reply }) => {
-                    let (_, parents) = reconciler.find_parents(parent_ips).await;
+                    let open = task.catch_up(None).await;
+                    let (_, parents) = task.reconciler.find_parents(parent_ips).await;
                     let _ = reply.send(parents);
+                    open
                 }
                 Some(KernelCommand::Apply { request, batch, refresh_interval: wanted }) => {
                     if wanted != refresh_interval {
                         refresh_interval = wanted;
                         next_refresh = refresh_interval.map(|d| Instant::now() + d);
                     }
-                    let started = Instant::now();
-                    let in_sync = request.in_sync;
-                    let report = reconciler.apply(*request).await;
-                    releaser.count(report.operations, Instant::now());
-                    let event = KernelEvent::Applied {
-                        batch,
-                        in_sync,
-                        report,
-                        apply_time: started.elapsed(),
-                        objects: ObjectHealth::of(&reconciler),
-                    };
-                    if events.send(event).await.is_err() {
-                        return;
-                    }
+                    task.catch_up(None).await && task.apply(*request, batch).await
                 }
             },
             Some(reply) = census.recv() => {
-                let _ = reply.send(reconciler.census());
+                let _ = reply.send(task.reconciler.census());
+                true
             }
-            notification = recv(&mut notifications), if notifications.is_some() => {
-                let Some(notification) = notification else {
+            notification = recv(&mut task.watch), if task.watch.is_some() => match notification {
+                Some(notification) => task.catch_up(Some(notification)).await,
+                None => {
                     warn!("kernel notifications stopped: drift is repaired by the periodic resync only");
-                    notifications = None;
-                    continue;
-                };
-                let now = Instant::now();
-                let mut due = reconciler.notice(notification, now);
-                let mut burst = 1;
-                // Take the whole burst in before repairing once.
-                while let Some(more) = notifications.as_mut().and_then(|rx| rx.try_recv().ok()) {
-                    due |= reconciler.notice(more, now);
-                    burst += 1;
+                    task.watch = None;
+                    true
                 }
-                // The kernel's echoes of a large batch are as large.
-                releaser.count(burst, now);
-                if !due {
-                    continue;
-                }
-                if let Ok(report) = reconciler.repair(now).await {
-                    metrics.repaired("notification", changes(&report));
-                    if report.operations > 0 {
-                        info!(added = report.added, changed = report.changed, removed = report.removed, "repaired changes made by others");
-                    }
-                    if events.send(background(&reconciler, report)).await.is_err() {
-                        return;
-                    }
-                }
-            }
+            },
             _ = sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {
-                let report = reconciler.retry(Instant::now()).await;
-                metrics.repaired("retry", changes(&report));
-                if events.send(background(&reconciler, report)).await.is_err() {
-                    return;
+                task.catch_up(None).await && {
+                    let report = task.reconciler.retry(Instant::now()).await;
+                    task.metrics.repaired("retry", changes(&report));
+                    task.report(report).await
                 }
             }
             _ = sleep_until(idle_release_at.unwrap_or_else(Instant::now).into()), if idle_release_at.is_some() => {
-                releaser.release_when_idle();
+                task.releaser.release_when_idle();
+                true
             }
             _ = tick(&mut legacy_poll), if legacy_poll.is_some() => {
-                if !reconciler.poll_legacy_iptables().await {
-                    continue;
-                }
-                if let Ok(report) = reconciler.repair(Instant::now()).await {
-                    metrics.repaired("legacy_iptables_poll", changes(&report));
-                    if events.send(background(&reconciler, report)).await.is_err() {
-                        return;
-                    }
-                }
+                task.catch_up(None).await && task.poll_legacy_iptables().await
             }
             _ = device_check.tick() => {
-                let report = reconciler.check_devices().await;
-                metrics.repaired("device_check", changes(&report));
-                if events.send(background(&reconciler, report)).await.is_err() {
-                    return;
+                task.catch_up(None).await && {
+                    let report = task.reconciler.check_devices().await;
+                    task.metrics.repaired("device_check", changes(&report));
+                    task.report(report).await
                 }
             }
             _ = sleep_until(next_refresh.unwrap_or_else(Instant::now).into()), if next_refresh.is_some() => {
                 next_refresh = refresh_interval.map(|d| Instant::now() + d);
-                if let Ok(report) = resync(&mut reconciler, &metrics, "periodic").await {
-                    metrics.repaired("resync", changes(&report));
-                    if report.operations > 0 {
-                        info!(added = report.added, changed = report.changed, removed = report.removed, "periodic resync repaired drift");
-                    }
-                    if events.send(background(&reconciler, report)).await.is_err() {
-                        return;
-                    }
-                }
+                task.catch_up(None).await && task.periodic_resync().await
             }
+        };
+        if !open {
+            return;
         }
+    }
+}
+
+/// What the kernel task owns besides its timers.
+struct Task<B: KernelBackend> {
+    reconciler: Reconciler<B>,
+    watch: Option<Watch>,
+    releaser: heap::Releaser,
+    metrics: Arc<Metrics>,
+    events: mpsc::Sender<KernelEvent>,
+}
+
+impl<B: KernelBackend> Task<B> {
+    /// Takes in every notification the kernel has sent until now, `first`
+    /// first, and repairs what they report. Taken in after a later change of
+    /// vxmgr's, the kernel's echo of an earlier one would pass for the
+    /// kernel's state (see `Watch`). False once nothing receives the
+    /// task's events.
+    async fn catch_up(&mut self, first: Option<Notification>) -> bool {
+        let Some(watch) = &mut self.watch else {
+            return true;
+        };
+        watch.caught_up().await;
+        let now = Instant::now();
+        let (mut due, mut taken) = (false, 0);
+        for notification in first
+            .into_iter()
+            .chain(std::iter::from_fn(|| watch.try_recv()))
+        {
+            due |= self.reconciler.notice(notification, now);
+            taken += 1;
+        }
+        // The kernel's echoes of a large batch are as large.
+        self.releaser.count(taken, now);
+        if !due {
+            return true;
+        }
+        match self.reconciler.repair(now).await {
+            Ok(report) => {
+                self.metrics.repaired("notification", changes(&report));
+                if report.operations > 0 {
+                    info!(
+                        added = report.added,
+                        changed = report.changed,
+                        removed = report.removed,
+                        "repaired changes made by others"
+                    );
+                }
+                self.report(report).await
+            }
+            Err(_) => true,
+        }
+    }
+
+    async fn apply(&mut self, request: ApplyRequest, batch: Option<Batch>) -> bool {
+        let started = Instant::now();
+        let in_sync = request.in_sync;
+        let report = self.reconciler.apply(request).await;
+        self.releaser.count(report.operations, Instant::now());
+        let event = KernelEvent::Applied {
+            batch,
+            in_sync,
+            report,
+            apply_time: started.elapsed(),
+            objects: ObjectHealth::of(&self.reconciler),
+        };
+        self.events.send(event).await.is_ok()
+    }
+
+    async fn poll_legacy_iptables(&mut self) -> bool {
+        if !self.reconciler.poll_legacy_iptables().await {
+            return true;
+        }
+        match self.reconciler.repair(Instant::now()).await {
+            Ok(report) => {
+                self.metrics
+                    .repaired("legacy_iptables_poll", changes(&report));
+                self.report(report).await
+            }
+            Err(_) => true,
+        }
+    }
+
+    async fn periodic_resync(&mut self) -> bool {
+        match resync(&mut self.reconciler, &self.metrics, "periodic").await {
+            Ok(report) => {
+                self.metrics.repaired("resync", changes(&report));
+                if report.operations > 0 {
+                    info!(
+                        added = report.added,
+                        changed = report.changed,
+                        removed = report.removed,
+                        "periodic resync repaired drift"
+                    );
+                }
+                self.report(report).await
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// Tells the engine what a retry, check or resync did; false once it
+    /// is gone.
+    async fn report(&self, report: Report) -> bool {
+        self.events
+            .send(background(&self.reconciler, report))
+            .await
+            .is_ok()
+    }
+}
+
+fn background<B: KernelBackend>(reconciler: &Reconciler<B>, report: Report) -> KernelEvent {
+    KernelEvent::Background {
+        objects: ObjectHealth::of(reconciler),
+        report,
     }
 }
 
@@ -234,9 +315,9 @@ async fn tick(interval: &mut Option<tokio::time::Interval>) {
     }
 }
 
-async fn recv<T>(rx: &mut Option<mpsc::UnboundedReceiver<T>>) -> Option<T> {
-    match rx {
-        Some(rx) => rx.recv().await,
+async fn recv(watch: &mut Option<Watch>) -> Option<Notification> {
+    match watch {
+        Some(watch) => watch.recv().await,
         None => std::future::pending().await,
     }
 }

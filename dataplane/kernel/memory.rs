@@ -19,6 +19,7 @@ use super::objects::{
     KernelRoute, KernelRouteVia, KernelState, Link, Notification, Ownership, TableRoute,
     VxlanAttrs,
 };
+use super::watch::Watch;
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
 use crate::model::MacAddr;
@@ -594,9 +595,9 @@ impl KernelBackend for MemoryBackend {
         true
     }
 
-    fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<Notification>, KernelError> {
+    fn watch(&mut self) -> Result<Watch, KernelError> {
         let (tx, rx) = mpsc::unbounded_channel();
         self.lock().watcher = Some(tx);
-        Ok(rx)
+        Ok(Watch::new(rx, None))
     }
 }

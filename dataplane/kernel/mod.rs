@@ -6,15 +6,15 @@ pub mod firewall;
 pub mod memory;
 pub mod netlink;
 pub mod objects;
+pub mod watch;
 
 use std::future::Future;
 use std::net::IpAddr;
 
-use tokio::sync::mpsc;
-
 use crate::desired::ParentInterface;
 use firewall::{Firewall, FirewallChanges, FirewallError};
-use objects::{DumpSink, KernelOp, KernelState, Link, Notification, Ownership};
+use objects::{DumpSink, KernelOp, KernelState, Link, Ownership};
+use watch::Watch;
 
 /// Why the kernel refused an operation or a read.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -113,5 +113,5 @@ pub trait KernelBackend: Send + 'static {
     /// bound while the reconciler is busy (a big apply echoes every change
     /// back); the kernel socket's buffer is the bound, and its overrun is
     /// reported as `Notification::Overrun`.
-    fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<Notification>, KernelError>;
+    fn watch(&mut self) -> Result<Watch, KernelError>;
 }

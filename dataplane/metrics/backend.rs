@@ -4,12 +4,11 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use tokio::sync::mpsc;
-
 use super::Metrics;
 use crate::desired::ParentInterface;
 use crate::kernel::firewall::{FirewallChanges, FirewallError, ForwardOp, TableOp};
-use crate::kernel::objects::{DumpSink, IpsetChange, KernelOp, Link, Notification, Ownership};
+use crate::kernel::objects::{DumpSink, IpsetChange, KernelOp, Link, Ownership};
+use crate::kernel::watch::Watch;
 use crate::kernel::{KernelBackend, KernelError};
 
 pub struct MeteredBackend<B> {
@@ -142,7 +141,7 @@ impl<B: KernelBackend> KernelBackend for MeteredBackend<B> {
         self.inner.supports_nexthops().await
     }
 
-    fn watch(&mut self) -> Result<mpsc::UnboundedReceiver<Notification>, KernelError> {
+    fn watch(&mut self) -> Result<Watch, KernelError> {
         self.inner.watch()
     }
 }

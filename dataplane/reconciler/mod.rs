@@ -35,6 +35,7 @@ use crate::kernel::objects::{
     ForeignRoute, IpsetChange, KernelNexthop, KernelOp, KernelRoute, KernelRouteVia, Link,
     Notification, Ownership, TableRoute,
 };
+use crate::kernel::watch::Watch;
 use crate::kernel::{KernelBackend, KernelError};
 use crate::model::Family;
 use firewall::FirewallSlot;
@@ -289,9 +290,7 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 
     /// Subscribes to the kernel's change notifications (see `notice`).
-    pub fn watch(
-        &mut self,
-    ) -> Result<tokio::sync::mpsc::UnboundedReceiver<Notification>, KernelError> {
+    pub fn watch(&mut self) -> Result<Watch, KernelError> {
         self.backend.watch()
     }
 

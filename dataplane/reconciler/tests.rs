@@ -487,9 +487,9 @@ async fn backoff_grows() {
 
 /// Feeds the memory kernel's notifications to the reconciler, as the kernel
 /// task does; returns whether a repair was due.
-fn notice_all(rig: &mut Rig, rx: &mut tokio::sync::mpsc::UnboundedReceiver<Notification>) -> bool {
+fn notice_all(rig: &mut Rig, rx: &mut Watch) -> bool {
     let mut due = false;
-    while let Ok(n) = rx.try_recv() {
+    while let Some(n) = rx.try_recv() {
         due |= rig.reconciler.notice(n, Instant::now());
     }
     due

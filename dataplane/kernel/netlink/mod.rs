@@ -37,9 +37,8 @@ use ipnetwork::IpNetwork;
 use netlink_packet_route::RouteNetlinkMessage;
 
 use super::firewall::NftFirewall;
-use super::objects::{
-    DumpSink, KernelFdb, KernelNeighbor, KernelOp, Link, Notification, Ownership, RouteDump,
-};
+use super::objects::{DumpSink, KernelFdb, KernelNeighbor, KernelOp, Link, Ownership, RouteDump};
+use super::watch::Watch;
 use super::{KernelBackend, KernelError};
 use crate::desired::ParentInterface;
 use batch::{BatchSocket, Datagram, REQUESTS_PER_DATAGRAM};
@@ -353,7 +352,7 @@ impl KernelBackend for NetlinkBackend {
         self.nexthops_supported().await
     }
 
-    fn watch(&mut self) -> Result<tokio::sync::mpsc::UnboundedReceiver<Notification>, KernelError> {
+    fn watch(&mut self) -> Result<Watch, KernelError> {
         watch::subscribe()
     }
 }

@@ -11,7 +11,7 @@ use rtnetlink::sys::{
 };
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
 use super::neighbour::{Entry, RTM_DELNEIGH, RTM_NEWNEIGH};
@@ -20,6 +20,7 @@ use super::raw::{self, Message};
 use super::route::{RTM_DELROUTE, RTM_NEWROUTE, parse_route};
 use crate::kernel::KernelError;
 use crate::kernel::objects::Notification;
+use crate::kernel::watch::Watch;
 
 /// Receive buffer of the notification socket: a burst of route changes
 /// (ours echoed back) must not overrun it.
@@ -43,8 +44,10 @@ const RTNLGRP_IPV6_ROUTE: u32 = 11;
 
 /// Subscribes, in the calling thread's network namespace, on the current
 /// tokio runtime. Without nftables notifications (no nf_tables in the
-/// kernel) vxmgr's firewall is repaired at resyncs only.
-pub(super) fn subscribe() -> Result<mpsc::UnboundedReceiver<Notification>, KernelError> {
+/// kernel) vxmgr's firewall is repaired at resyncs only. The barrier covers
+/// the routing socket: nftables' changes are only ever rechecked, so an old
+/// one taken in late misleads nothing.
+pub(super) fn subscribe() -> Result<Watch, KernelError> {
     const ROUTE_GROUPS: [u32; 6] = [
         RTNLGRP_LINK,
         RTNLGRP_NEIGH,
@@ -58,26 +61,27 @@ pub(super) fn subscribe() -> Result<mpsc::UnboundedReceiver<Notification>, Kerne
         message: format!("subscribing to kernel notifications: {e}"),
     })?;
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(forward(
-        socket,
-        tx.clone(),
-        notifications_in,
-        Notification::Overrun,
-    ));
+    let (barriers, barriers_rx) = mpsc::unbounded_channel();
+    let routing = Forwarder {
+        tx: tx.clone(),
+        parse: notifications_in,
+        overrun: Notification::Overrun,
+    };
+    tokio::spawn(routing.run(socket, Some(barriers_rx)));
     match open(NETLINK_NETFILTER, &[NFNLGRP_NFTABLES]) {
         Ok(socket) => {
-            tokio::spawn(forward(
-                socket,
+            let nftables = Forwarder {
                 tx,
-                nft_watch::notifications_in,
-                Notification::Firewall,
-            ));
+                parse: nft_watch::notifications_in,
+                overrun: Notification::Firewall,
+            };
+            tokio::spawn(nftables.run(socket, None));
         }
         Err(e) => {
             warn!(error = %e, "no nftables notifications: the firewall rules are repaired at resyncs only");
         }
     }
-    Ok(rx)
+    Ok(Watch::new(rx, Some(barriers)))
 }
 
 fn open(protocol: isize, groups: &[u32]) -> io::Result<AsyncFd<Socket>> {
@@ -97,38 +101,92 @@ fn open(protocol: isize, groups: &[u32]) -> io::Result<AsyncFd<Socket>> {
 /// The notifications in one datagram.
 type Parser = for<'a> fn(&'a [u8]) -> Box<dyn Iterator<Item = Notification> + 'a>;
 
-/// Reads notifications until the receiver goes away or the socket fails;
-/// lost ones are reported as `overrun`.
-async fn forward(
-    socket: AsyncFd<Socket>,
+/// A barrier's answer: sent once what the socket held is queued.
+type Barrier = oneshot::Sender<()>;
+
+/// Moves one socket's notifications into the queue.
+struct Forwarder {
     tx: mpsc::UnboundedSender<Notification>,
     parse: Parser,
+    /// What a lost notification is reported as.
     overrun: Notification,
-) {
-    let mut buffer = Vec::with_capacity(DATAGRAM_BUFFER);
-    let send = |n| tx.send(n).is_ok();
-    loop {
-        let received = socket
-            .async_io(Interest::READABLE, |socket| {
-                buffer.clear();
-                // MSG_TRUNC: the datagram's whole length, even if it did not fit.
-                socket.recv(&mut buffer, libc::MSG_TRUNC)
-            })
-            .await;
-        let open = match received {
-            // A datagram that did not fit is lost, as in an overrun.
-            Ok(len) if len > buffer.capacity() => send(overrun.clone()),
-            Ok(_) => parse(&buffer).all(send),
-            Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => send(overrun.clone()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
-            Err(e) => {
-                warn!(error = %e, "reading kernel notifications failed");
+}
+
+impl Forwarder {
+    /// Reads notifications until the receiver goes away or the socket
+    /// fails. A barrier is answered after the socket has been read empty:
+    /// the kernel queues a change's notification before it acknowledges the
+    /// change, so everything sent before the barrier is queued by then.
+    async fn run(
+        self,
+        socket: AsyncFd<Socket>,
+        mut barriers: Option<mpsc::UnboundedReceiver<Barrier>>,
+    ) {
+        let mut buffer = Vec::with_capacity(DATAGRAM_BUFFER);
+        loop {
+            let barrier = tokio::select! {
+                ready = socket.readable() => match ready {
+                    // Cleared before reading to empty: what arrives after
+                    // the last read sets it again.
+                    Ok(mut ready) => {
+                        ready.clear_ready();
+                        None
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "waiting for kernel notifications failed");
+                        return;
+                    }
+                },
+                barrier = next_barrier(&mut barriers) => match barrier {
+                    Some(barrier) => Some(barrier),
+                    None => {
+                        barriers = None;
+                        continue;
+                    }
+                },
+            };
+            if !self.read_to_empty(&socket, &mut buffer) {
                 return;
             }
-        };
-        if !open {
-            return;
+            if let Some(barrier) = barrier {
+                let _ = barrier.send(());
+            }
         }
+    }
+
+    /// Queues every datagram the socket holds; false once the receiver is
+    /// gone or the socket has failed. Lost notifications are queued as the
+    /// overrun.
+    fn read_to_empty(&self, socket: &AsyncFd<Socket>, buffer: &mut Vec<u8>) -> bool {
+        let send = |n| self.tx.send(n).is_ok();
+        loop {
+            buffer.clear();
+            // MSG_TRUNC: the datagram's whole length, even if it did not fit.
+            let open = match socket.get_ref().recv(buffer, libc::MSG_TRUNC) {
+                // A datagram that did not fit is lost, as in an overrun.
+                Ok(len) if len > buffer.capacity() => send(self.overrun.clone()),
+                Ok(_) => (self.parse)(buffer).all(send),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return true,
+                Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => send(self.overrun.clone()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
+                Err(e) => {
+                    warn!(error = %e, "reading kernel notifications failed");
+                    false
+                }
+            };
+            if !open {
+                return false;
+            }
+        }
+    }
+}
+
+/// The next barrier; `None` when there are none to wait for (never, or no
+/// longer: the watch was dropped), and then never again.
+async fn next_barrier(barriers: &mut Option<mpsc::UnboundedReceiver<Barrier>>) -> Option<Barrier> {
+    match barriers {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
     }
 }
 
