@@ -146,8 +146,7 @@ pub async fn run<B: KernelBackend>(
             _ = sleep_until(retry_at.unwrap_or_else(Instant::now).into()), if retry_at.is_some() => {
                 task.catch_up(None).await && {
                     let report = task.reconciler.retry(Instant::now()).await;
-                    task.metrics.repaired("retry", changes(&report));
-                    task.report(report).await
+                    task.repaired("retry", report, None).await
                 }
             }
             _ = sleep_until(idle_release_at.unwrap_or_else(Instant::now).into()), if idle_release_at.is_some() => {
@@ -160,8 +159,7 @@ pub async fn run<B: KernelBackend>(
             _ = device_check.tick() => {
                 task.catch_up(None).await && {
                     let report = task.reconciler.check_devices().await;
-                    task.metrics.repaired("device_check", changes(&report));
-                    task.report(report).await
+                    task.repaired("device_check", report, None).await
                 }
             }
             _ = sleep_until(next_refresh.unwrap_or_else(Instant::now).into()), if next_refresh.is_some() => {
@@ -211,16 +209,12 @@ impl<B: KernelBackend> Task<B> {
         }
         match self.reconciler.repair(now).await {
             Ok(report) => {
-                self.metrics.repaired("notification", changes(&report));
-                if report.operations > 0 {
-                    info!(
-                        added = report.added,
-                        changed = report.changed,
-                        removed = report.removed,
-                        "repaired changes made by others"
-                    );
-                }
-                self.report(report).await
+                self.repaired(
+                    "notification",
+                    report,
+                    Some("repaired changes made by others"),
+                )
+                .await
             }
             Err(_) => true,
         }
@@ -246,11 +240,7 @@ impl<B: KernelBackend> Task<B> {
             return true;
         }
         match self.reconciler.repair(Instant::now()).await {
-            Ok(report) => {
-                self.metrics
-                    .repaired("legacy_iptables_poll", changes(&report));
-                self.report(report).await
-            }
+            Ok(report) => self.repaired("legacy_iptables_poll", report, None).await,
             Err(_) => true,
         }
     }
@@ -258,24 +248,25 @@ impl<B: KernelBackend> Task<B> {
     async fn periodic_resync(&mut self) -> bool {
         match resync(&mut self.reconciler, &self.metrics, "periodic").await {
             Ok(report) => {
-                self.metrics.repaired("resync", changes(&report));
-                if report.operations > 0 {
-                    info!(
-                        added = report.added,
-                        changed = report.changed,
-                        removed = report.removed,
-                        "periodic resync repaired drift"
-                    );
-                }
-                self.report(report).await
+                self.repaired("resync", report, Some("periodic resync repaired drift"))
+                    .await
             }
             Err(_) => true,
         }
     }
 
-    /// Tells the engine what a retry, check or resync did; false once it
-    /// is gone.
-    async fn report(&self, report: Report) -> bool {
+    /// Counts what a repair changed under `cause`, logs it as `logged` if
+    /// it changed anything, and tells the engine; false once it is gone.
+    async fn repaired(&self, cause: &'static str, report: Report, logged: Option<&str>) -> bool {
+        self.metrics.repaired(cause, changes(&report));
+        if let Some(message) = logged.filter(|_| report.operations > 0) {
+            info!(
+                added = report.added,
+                changed = report.changed,
+                removed = report.removed,
+                "{message}"
+            );
+        }
         self.events
             .send(background(&self.reconciler, report))
             .await
