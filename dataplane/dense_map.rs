@@ -163,6 +163,46 @@ impl<K: Hash + Eq, V> DenseMap<K, V> {
         }
     }
 
+    /// [`DenseMap::position_or_insert_with`], trying `guess` first: a walk
+    /// in the order the entries stand finds each at the position after the
+    /// last without hashing it or reading the index.
+    pub fn position_near_or_insert_with(
+        &mut self,
+        guess: usize,
+        key: K,
+        make: impl FnOnce() -> V,
+    ) -> usize {
+        match self.entries.get(guess) {
+            Some((k, _)) if *k == key => guess,
+            _ => self.position_or_insert_with(key, make),
+        }
+    }
+
+    /// Moves the entries at `first` (positions, none twice) to the front,
+    /// in that order; the others follow in the order they stood.
+    pub fn put_first(&mut self, first: &[u32]) {
+        const UNPLACED: u32 = u32::MAX;
+        // Where each entry goes.
+        let mut to = vec![UNPLACED; self.entries.len()];
+        for (new, &old) in first.iter().enumerate() {
+            to[old as usize] = new as u32;
+        }
+        let mut next = first.len() as u32;
+        for place in to.iter_mut().filter(|p| **p == UNPLACED) {
+            *place = next;
+            next += 1;
+        }
+        // Each entry is swapped straight into its place: a cycle at a time.
+        for at in 0..to.len() {
+            while to[at] as usize != at {
+                let there = to[at] as usize;
+                self.entries.swap(at, there);
+                to.swap(at, there);
+            }
+        }
+        self.reindex();
+    }
+
     /// The entry at a position: one `position_or_insert_with` gave, or
     /// one of `iter`'s order.
     pub fn at(&self, at: usize) -> (&K, &V) {
@@ -333,6 +373,38 @@ mod tests {
         let mut expected: Vec<_> = reference.into_iter().collect();
         expected.sort();
         assert_eq!(all, expected);
+    }
+
+    #[test]
+    fn a_guess_is_taken_only_when_it_holds_the_key() {
+        let mut map: DenseMap<u32, u32> = (0..8).map(|k| (k * 10, k)).collect();
+        assert_eq!(map.position_near_or_insert_with(3, 30, || 99), 3);
+        assert_eq!(map.position_near_or_insert_with(4, 30, || 99), 3);
+        assert_eq!(map.position_near_or_insert_with(100, 70, || 99), 7);
+        assert_eq!(map.position_near_or_insert_with(8, 80, || 99), 8);
+        assert_eq!(map.get(&80), Some(&99));
+        assert_eq!(map.len(), 9);
+    }
+
+    #[test]
+    fn put_first_orders_the_front_and_keeps_the_rest_in_order() {
+        let mut map: DenseMap<u32, u32> = (0..10).map(|k| (k, k * 2)).collect();
+        map.put_first(&[7, 2, 9, 0]);
+        let keys: Vec<u32> = map.keys().copied().collect();
+        assert_eq!(keys, [7, 2, 9, 0, 1, 3, 4, 5, 6, 8]);
+        for k in 0..10 {
+            assert_eq!(map.get(&k), Some(&(k * 2)), "{k} after reordering");
+        }
+        map.put_first(&[]);
+        assert_eq!(map.keys().copied().collect::<Vec<_>>(), keys);
+        let reversed: Vec<u32> = (0..10).rev().collect();
+        map.put_first(&reversed);
+        assert_eq!(
+            map.keys().copied().collect::<Vec<_>>(),
+            [8, 6, 5, 4, 3, 1, 0, 9, 2, 7]
+        );
+        assert_eq!(map.remove(&4), Some(8));
+        assert_eq!(map.get(&1), Some(&2));
     }
 
     #[test]

@@ -19,6 +19,8 @@ use crate::report::{Table, median, mib, millis, min};
 /// Timings and the allocations of one more, untimed, run.
 struct Measured {
     times: Vec<Duration>,
+    /// CPU time of this process (every thread, user and system) in each run.
+    cpu: Vec<Duration>,
     /// Operations each resync attempted (0 without drift).
     operations: Vec<u32>,
     allocations: u64,
@@ -59,6 +61,7 @@ pub fn run(bench: &Bench) -> Result<()> {
             "runs",
             "min",
             "median",
+            "CPU median",
             "operations",
             "allocations",
             "MiB allocated",
@@ -73,6 +76,7 @@ pub fn run(bench: &Bench) -> Result<()> {
             m.times.len().to_string(),
             millis(min(&m.times)),
             millis(median(&m.times)),
+            millis(median(&m.cpu)),
             if m.operations.is_empty() {
                 "-".into()
             } else {
@@ -83,7 +87,10 @@ pub fn run(bench: &Bench) -> Result<()> {
         ]);
     }
     table.print();
-    println!("  operations: the most any timed resync attempted; allocations: one further run.");
+    println!(
+        "  CPU: this process's, every thread, user and system (the kernel writes a dump in the reading thread);\n  \
+         operations: the most any timed resync attempted; allocations: one further run."
+    );
     Ok(())
 }
 
@@ -126,11 +133,13 @@ async fn measure(messages: Vec<vxmgr::wire::felix::ToDataplane>, runs: u32) -> R
 /// Runs `step` `runs` times timed, then once more counting allocations.
 async fn time(runs: u32, mut step: impl AsyncFnMut() -> Result<Option<u32>>) -> Result<Measured> {
     let mut times = Vec::new();
+    let mut cpu = Vec::new();
     let mut operations = Vec::new();
     for _ in 0..runs {
-        let started = Instant::now();
+        let (started, cpu_before) = (Instant::now(), process_cpu());
         let ops = step().await?;
         times.push(started.elapsed());
+        cpu.push(process_cpu().saturating_sub(cpu_before));
         operations.extend(ops);
     }
     let before = alloc::snapshot();
@@ -138,8 +147,21 @@ async fn time(runs: u32, mut step: impl AsyncFnMut() -> Result<Option<u32>>) -> 
     let (allocations, allocated_bytes) = alloc::snapshot().since(&before);
     Ok(Measured {
         times,
+        cpu,
         operations,
         allocations,
         allocated_bytes,
     })
+}
+
+/// CPU time this process has used so far, all threads, user and system.
+fn process_cpu() -> Duration {
+    // SAFETY: getrusage writes into the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut usage);
+        usage
+    };
+    let time = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
 }

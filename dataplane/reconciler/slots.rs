@@ -82,9 +82,49 @@ const PARALLEL_FROM: usize = 1 << 15;
 /// Threads one table settles on at most.
 const MAX_THREADS: usize = 4;
 
-/// Which slots, by position, a resync found in the kernel.
+/// What a resync found of one table in the kernel.
 #[derive(Default)]
-pub struct Found(Vec<bool>);
+pub struct Found {
+    /// By slot position.
+    seen: Vec<bool>,
+    /// The slots in the order the dump gave them.
+    order: Vec<u32>,
+    /// Slots that were not where the one before left off.
+    out_of_order: usize,
+}
+
+impl Found {
+    /// The kernel dumps a table in the same order every time while it is
+    /// unchanged; slots kept in that order are found one after another,
+    /// without hashing a key (half a million routes: a hash lookup costs a
+    /// resync more than the kernel's dump of the route).
+    fn next_guess(&self) -> usize {
+        self.order.last().map_or(0, |&at| at as usize + 1)
+    }
+
+    fn mark(&mut self, at: usize, guessed: bool) {
+        if self.seen.len() <= at {
+            self.seen.resize(at + 1, false);
+        }
+        // A key the dump gave twice (two routes to one destination) keeps
+        // its first place.
+        if !std::mem::replace(&mut self.seen[at], true) {
+            self.order.push(at as u32);
+            self.out_of_order += usize::from(!guessed);
+        }
+    }
+
+    fn has(&self, at: usize) -> bool {
+        self.seen.get(at).copied().unwrap_or(false)
+    }
+
+    /// Whether the slots should be put in the dump's order: enough of them
+    /// were out of it to be worth a reordering, which costs about as much
+    /// as a resync of out-of-order slots.
+    fn worth_reordering(&self) -> bool {
+        self.out_of_order * 8 > self.order.len()
+    }
+}
 
 /// Slots of one holding in one dense map.
 pub struct HeldSlots<H: Holding> {
@@ -171,14 +211,10 @@ impl<H: Holding> HeldSlots<H> {
     /// Records that the kernel holds `kernel` for `key`, in a resync that
     /// `settle` ends.
     pub fn found(&mut self, found: &mut Found, key: &Key<H>, kernel: Kernel<H>) {
-        let at = self
-            .map
-            .position_or_insert_with(H::store_key(key), Slot::default);
+        let guess = found.next_guess();
+        let at = (self.map).position_near_or_insert_with(guess, H::store_key(key), Slot::default);
         self.map.at_mut(at).1.actual = Some(H::hold_kernel(kernel));
-        if found.0.len() <= at {
-            found.0.resize(at + 1, false);
-        }
-        found.0[at] = true;
+        found.mark(at, at == guess);
     }
 
     /// Ends a resync: what it did not find is not in the kernel. Pushes
@@ -217,6 +253,9 @@ impl<H: Holding> HeldSlots<H> {
             wrong.extend(keys);
             emptied |= any_emptied;
         }
+        if found.worth_reordering() {
+            self.map.put_first(&found.order);
+        }
         if emptied {
             self.map
                 .retain(|_, slot| slot.desired.is_some() || slot.actual.is_some());
@@ -250,7 +289,7 @@ fn settle_run<'a, H: Holding + 'a>(
     let mut wrong = Vec::new();
     let mut emptied = false;
     for (at, (stored, slot)) in (start..).zip(run) {
-        if !found.0.get(at).copied().unwrap_or(false) {
+        if !found.has(at) {
             slot.actual = None;
         }
         let Some(held) = &slot.desired else {

@@ -154,3 +154,45 @@ fn a_resync_of_a_large_table_finds_every_difference() {
     assert_eq!(removed, 1000);
     assert_eq!(table.all_actual().count(), WANTED as usize);
 }
+
+/// A resync leaves the slots in the order the dump gave them, so that the
+/// next one finds them one after another; a dump in another order, with
+/// members gone and new ones among them, is still taken in whole.
+#[test]
+fn a_resync_keeps_the_dumps_order_and_takes_any_order_in() {
+    let mut table = Table::<IpsetMember>::new(Duration::from_secs(10));
+    let member = |i: u32| IpNetwork::from(std::net::IpAddr::from((0x0a00_0000 + i).to_be_bytes()));
+    const WANTED: u32 = 1000;
+    for i in 0..WANTED {
+        table.set_desired(Change {
+            key: member(i),
+            desired: Some(IpsetMember(member(i))),
+        });
+    }
+    program(&mut table, true);
+    let held_in = |table: &Table<IpsetMember>| -> Vec<IpNetwork> { table.all_actual().collect() };
+
+    // The kernel gives them back in reverse.
+    let reversed: Vec<u32> = (0..WANTED).rev().collect();
+    table.reset_actual(reversed.iter().map(|&i| (member(i), member(i))), &NoContext);
+    assert_eq!(program(&mut table, true), vec![]);
+    let in_reverse: Vec<IpNetwork> = reversed.iter().map(|&i| member(i)).collect();
+    assert!(held_in(&table) == in_reverse, "not in the dump's order");
+
+    // Then shuffled, without every third and with 100 nobody wants.
+    let mut shuffled: Vec<u32> = (0..WANTED).filter(|i| i % 3 != 0).collect();
+    shuffled.extend(WANTED..WANTED + 100);
+    let mut seed = 0x9e37_79b9u32;
+    for at in (1..shuffled.len()).rev() {
+        seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        shuffled.swap(at, seed as usize % (at + 1));
+    }
+    table.reset_actual(shuffled.iter().map(|&i| (member(i), member(i))), &NoContext);
+    let in_dump_order: Vec<IpNetwork> = shuffled.iter().map(|&i| member(i)).collect();
+    assert!(held_in(&table) == in_dump_order, "not in the dump's order");
+    let done = program(&mut table, true);
+    let added = done.iter().filter(|(_, e)| *e == Effect::Added).count();
+    let removed = done.iter().filter(|(_, e)| *e == Effect::Removed).count();
+    assert_eq!((added, removed), (WANTED.div_ceil(3) as usize, 100));
+    assert_eq!(held_in(&table).len(), WANTED as usize);
+}
