@@ -187,10 +187,9 @@ impl<K: Hash + Eq, V> DenseMap<K, V> {
         for (new, &old) in first.iter().enumerate() {
             to[old as usize] = new as u32;
         }
-        let mut next = first.len() as u32;
-        for place in to.iter_mut().filter(|p| **p == UNPLACED) {
+        let unplaced = to.iter_mut().filter(|p| **p == UNPLACED);
+        for (place, next) in unplaced.zip(first.len() as u32..) {
             *place = next;
-            next += 1;
         }
         // Each entry is swapped straight into its place: a cycle at a time.
         for at in 0..to.len() {
