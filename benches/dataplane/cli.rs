@@ -78,7 +78,7 @@ fn nodes() -> clap::builder::RangedI64ValueParser<u32> {
 
 /// vxmgr's benchmark suite. Figures are printed, never asserted.
 #[derive(Parser, Debug)]
-#[command(name = "dataplane", about)]
+#[command(name = "dataplane")]
 pub struct Cli {
     /// Scenarios to run (default: all). Kernel scenarios need root and are
     /// skipped without it; `rss` then measures the memory backend only.
@@ -106,6 +106,10 @@ pub struct Cli {
     /// Ingest repetitions [default: 3; --quick: 1].
     #[arg(long)]
     pub ingest_runs: Option<u32>,
+    /// Runs of each cold start (cold, growth), taken in turns; the median is
+    /// reported [default: 5; --quick: 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cold_runs: Option<u32>,
     /// Skip the inline-gateway builds in cold (their kernel cost grows with
     /// the square of the number of gateways).
     #[arg(long)]
@@ -163,6 +167,7 @@ pub struct Settings {
     pub resync_runs: u32,
     pub ingest_nodes: u32,
     pub ingest_runs: u32,
+    pub cold_runs: u32,
     pub inline: bool,
     pub soak_nodes: u32,
     pub soak_duration: std::time::Duration,
@@ -207,6 +212,7 @@ impl Cli {
             resync_runs: pick(self.resync_runs, 5, 3),
             ingest_nodes: pick(self.ingest_nodes, 20_000, 20_000),
             ingest_runs: pick(self.ingest_runs, 3, 1),
+            cold_runs: pick(self.cold_runs, 5, 1),
             inline: !self.no_inline,
             soak_nodes: self.soak_nodes.unwrap_or(2000),
             soak_duration: std::time::Duration::from_secs(u64::from(pick(

@@ -17,16 +17,47 @@ use crate::cluster::{CALC_STUB, View};
 use crate::daemon::Vxmgrd;
 use crate::iproute::{Routing, Scripts};
 use crate::netns::Netns;
-use crate::report::{Table, missing, ratio, secs};
+use crate::report::{Table, median, missing, ratio, secs};
 use crate::stream::replay;
 
-/// One way of building the state.
+/// One way of building the state: the median of its runs.
 struct Build {
     time: Duration,
-    /// Routes of protocol 80 in the kernel afterwards.
+    /// Routes of protocol 80 in the kernel afterwards (the fewest of any run).
     routes: usize,
-    /// vxmgrd's verdict: whether every batch status was OK.
+    /// vxmgrd's verdict: whether every batch status of every run was OK.
     all_ok: Option<bool>,
+}
+
+impl Build {
+    /// The median run's time; the fewest routes and the worst verdict.
+    fn of_runs(runs: &[Build]) -> Build {
+        let times: Vec<Duration> = runs.iter().map(|b| b.time).collect();
+        Build {
+            time: median(&times),
+            routes: runs.iter().map(|b| b.routes).min().unwrap_or(0),
+            all_ok: (runs.iter())
+                .map(|b| b.all_ok)
+                .reduce(|a, b| a.zip(b).map(|(a, b)| a && b))
+                .flatten(),
+        }
+    }
+}
+
+/// Runs each of `builds` `runs` times, taking turns (so that a slow spell of
+/// the machine falls on all of them alike), and gives each one's median.
+fn medians<const N: usize>(
+    runs: u32,
+    builds: [&mut dyn FnMut() -> Result<Build>; N],
+) -> Result<[Build; N]> {
+    let mut builds = builds;
+    let mut taken: [Vec<Build>; N] = std::array::from_fn(|_| Vec::new());
+    for _ in 0..runs.max(1) {
+        for (build, taken) in builds.iter_mut().zip(&mut taken) {
+            taken.push(build()?);
+        }
+    }
+    Ok(taken.map(|runs| Build::of_runs(&runs)))
 }
 
 /// One size's builds; the inline ones unless skipped.
@@ -43,7 +74,10 @@ struct Row {
 
 pub fn run(bench: &Bench) -> Result<()> {
     let mut table = Table::new(
-        "cold: from nothing to node-0's view of N nodes × 4 blocks (seconds)",
+        format!(
+            "cold: from nothing to node-0's view of N nodes × 4 blocks (seconds, median of {} runs)",
+            bench.settings.cold_runs
+        ),
         &[
             "nodes",
             "routes",
@@ -85,8 +119,8 @@ pub struct Figures {
     pub ip: Duration,
 }
 
-/// The builds growth plots: the calc-stub binary replaying each file, and
-/// ip with nexthop objects.
+/// The builds growth plots, each the median of `--cold-runs`: the calc-stub
+/// binary replaying each file, and ip with nexthop objects.
 pub fn figures(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Figures> {
     let messages = bench.clusters.messages(nodes)?;
     let view = View::of(&messages)?;
@@ -100,18 +134,25 @@ pub fn figures(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Figures> {
         );
         Ok(build)
     };
+    let [jsonl, framed, ip] = medians(
+        bench.settings.cold_runs,
+        [
+            &mut || replay(ReplayFormat::Jsonl),
+            &mut || replay(ReplayFormat::Framed),
+            &mut || iproute_build(scripts, &view, Routing::Nexthops),
+        ],
+    )?;
     Ok(Figures {
-        jsonl: replay(ReplayFormat::Jsonl)?.time,
-        framed: replay(ReplayFormat::Framed)?.time,
-        ip: iproute_build(scripts, &view, Routing::Nexthops)?.time,
+        jsonl: jsonl.time,
+        framed: framed.time,
+        ip: ip.time,
     })
 }
 
-/// Every build of one size, each in a fresh namespace.
+/// Every build of one size, each run in a fresh namespace.
 fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Row> {
     let messages = bench.clusters.messages(nodes)?;
     let view = View::of(&messages)?;
-    let inline = bench.settings.inline;
     let build = |what: &str, result: Result<Build>| {
         if let Ok(b) = &result {
             eprintln!("cold: {nodes} nodes: {what} {}", secs(b.time));
@@ -121,24 +162,40 @@ fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Row> {
     let total = messages.len() as u64;
     let replay =
         |format| -> Result<Build> { calc_stub_build(&bench.clusters.file(nodes, format)?, total) };
+    let runs = bench.settings.cold_runs;
+    let [vxmgr, jsonl, framed, ip_nexthop] = medians(
+        runs,
+        [
+            &mut || build("vxmgr", vxmgrd_build(bench, messages.clone(), &[])),
+            &mut || build("calc-stub jsonl", replay(ReplayFormat::Jsonl)),
+            &mut || build("calc-stub framed", replay(ReplayFormat::Framed)),
+            &mut || {
+                let ip = iproute_build(scripts, &view, Routing::Nexthops);
+                build("ip nexthop", ip)
+            },
+        ],
+    )?;
+    let (vxmgr_inline, ip_inline) = if bench.settings.inline {
+        let off = ["--nexthop-objects", "off"];
+        let [vxmgr, ip] = medians(
+            runs,
+            [
+                &mut || build("vxmgr inline", vxmgrd_build(bench, messages.clone(), &off)),
+                &mut || build("ip inline", iproute_build(scripts, &view, Routing::Inline)),
+            ],
+        )?;
+        (Some(vxmgr), Some(ip))
+    } else {
+        (None, None)
+    };
     Ok(Row {
         nodes,
-        vxmgr: build("vxmgr", vxmgrd_build(bench, messages.clone(), &[]))?,
-        jsonl: build("calc-stub jsonl", replay(ReplayFormat::Jsonl))?,
-        framed: build("calc-stub framed", replay(ReplayFormat::Framed))?,
-        vxmgr_inline: inline
-            .then(|| {
-                let off = ["--nexthop-objects", "off"];
-                build("vxmgr inline", vxmgrd_build(bench, messages, &off))
-            })
-            .transpose()?,
-        ip_nexthop: build(
-            "ip nexthop",
-            iproute_build(scripts, &view, Routing::Nexthops),
-        )?,
-        ip_inline: inline
-            .then(|| build("ip inline", iproute_build(scripts, &view, Routing::Inline)))
-            .transpose()?,
+        vxmgr,
+        jsonl,
+        framed,
+        vxmgr_inline,
+        ip_nexthop,
+        ip_inline,
     })
 }
 
