@@ -18,7 +18,7 @@ use std::net::IpAddr;
 
 use ipnetwork::IpNetwork;
 use tracing::{info, warn};
-use vxmgr::model::Family;
+use vxmgr::model::{Family, MacAddr};
 use vxmgr::wire::felix::{
     ConfigUpdate, InSync, IpPoolType, IpamPool, IpamPoolUpdate, RouteRemove, RouteType,
     RouteUpdate, ToDataplane, VxlanTunnelEndpointRemove, VxlanTunnelEndpointUpdate,
@@ -61,27 +61,89 @@ impl Local {
     }
 }
 
-/// What one lease was sent as.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What one lease was sent as, in typed form: the messages are made from
+/// it as they are sent (tens of thousands of leases are held at once, and
+/// their messages' strings would be most of calc-flannel's memory).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 struct Programmed {
-    vtep: Option<VxlanTunnelEndpointUpdate>,
-    routes: BTreeMap<String, RouteUpdate>,
+    /// The VTEP's address, MAC and parent of each family it has.
+    vtep: [Option<VtepFamily>; 2],
+    /// At most one route per family.
+    routes: [Option<Route>; 2],
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct VtepFamily {
+    mac: MacAddr,
+    tunnel: IpAddr,
+    parent: IpAddr,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Route {
+    types: RouteType,
+    pool: IpPoolType,
+    dst: IpNetwork,
+    /// None: sent without a node address (vxmgrd holds it unprogrammed).
+    node_ip: Option<IpAddr>,
+    same_subnet: bool,
 }
 
 impl Programmed {
-    fn vtep_families(&self) -> BTreeSet<Family> {
-        let Some(v) = &self.vtep else {
-            return BTreeSet::new();
-        };
-        let mut families = BTreeSet::new();
-        if !v.ipv4_addr.is_empty() {
-            families.insert(Family::V4);
-        }
-        if !v.ipv6_addr.is_empty() {
-            families.insert(Family::V6);
-        }
-        families
+    fn has_vtep(&self) -> bool {
+        self.vtep.iter().any(Option::is_some)
     }
+
+    /// The routes in the order of their destinations' text.
+    fn routes(&self) -> impl Iterator<Item = &Route> {
+        let mut routes: Vec<&Route> = self.routes.iter().flatten().collect();
+        routes.sort_by_cached_key(|r| r.dst.to_string());
+        routes.into_iter()
+    }
+
+    fn route_to(&self, dst: IpNetwork) -> Option<&Route> {
+        self.routes.iter().flatten().find(|r| r.dst == dst)
+    }
+}
+
+impl Route {
+    fn message(&self, node: &str) -> RouteUpdate {
+        RouteUpdate {
+            types: self.types as i32,
+            ip_pool_type: self.pool as i32,
+            dst: self.dst.to_string(),
+            dst_node_name: node.to_string(),
+            dst_node_ip: self.node_ip.map(|ip| ip.to_string()).unwrap_or_default(),
+            same_subnet: self.same_subnet,
+            ..Default::default()
+        }
+    }
+}
+
+/// The VTEP update of `node` with the families in `vtep`.
+fn vtep_message(node: &str, vtep: &[Option<VtepFamily>; 2]) -> VxlanTunnelEndpointUpdate {
+    let mut update = VxlanTunnelEndpointUpdate {
+        node: node.to_string(),
+        ..Default::default()
+    };
+    for (family, data) in Family::ALL.into_iter().zip(vtep) {
+        let Some(data) = data else { continue };
+        let (mac, tunnel, parent) = (
+            data.mac.to_string(),
+            data.tunnel.to_string(),
+            data.parent.to_string(),
+        );
+        match family {
+            Family::V4 => {
+                (update.mac, update.ipv4_addr, update.parent_device_ip) = (mac, tunnel, parent);
+            }
+            Family::V6 => {
+                (update.mac_v6, update.ipv6_addr, update.parent_device_ipv6) =
+                    (mac, tunnel, parent);
+            }
+        }
+    }
+    update
 }
 
 pub struct View {
@@ -324,27 +386,26 @@ impl View {
             let (Some(_), Some(address)) = (public, self.local.address(family)) else {
                 continue;
             };
+            let slot = family as usize;
             match &self.config.backend {
                 Backend::Vxlan(_) => {
                     // Our own lease: we wrote its data.
                     if let Ok(data) = lease.attrs.vxlan_data(family) {
-                        let vtep = p.vtep.get_or_insert_with(|| vtep(&self.local.hostname));
-                        set_vtep_family(vtep, family, &data.vtep_mac.to_string(), subnet, address);
+                        p.vtep[slot] = Some(VtepFamily {
+                            mac: data.vtep_mac,
+                            tunnel: subnet.network(),
+                            parent: address,
+                        });
                     }
                 }
                 Backend::HostGw => {
-                    let dst = Family::host_net(address).to_string();
-                    p.routes.insert(
-                        dst.clone(),
-                        RouteUpdate {
-                            types: RouteType::LocalHost as i32,
-                            ip_pool_type: IpPoolType::NoEncap as i32,
-                            dst,
-                            dst_node_name: self.local.hostname.clone(),
-                            dst_node_ip: address.to_string(),
-                            ..Default::default()
-                        },
-                    );
+                    p.routes[slot] = Some(Route {
+                        types: RouteType::LocalHost,
+                        pool: IpPoolType::NoEncap,
+                        dst: Family::host_net(address),
+                        node_ip: Some(address),
+                        same_subnet: false,
+                    });
                 }
             }
         }
@@ -363,18 +424,18 @@ impl View {
             ));
             return (p, problems);
         }
-        let node = lease.key.to_string();
         for (family, subnet, public) in self.families(lease) {
             let Some(public) = public else {
                 problems.push(format!("{family} not used: no PublicIPv6"));
                 continue;
             };
-            let mut route = RouteUpdate {
-                types: RouteType::RemoteWorkload as i32,
-                dst: subnet.to_string(),
-                dst_node_name: node.clone(),
-                dst_node_ip: public.to_string(),
-                ..Default::default()
+            let slot = family as usize;
+            let mut route = Route {
+                types: RouteType::RemoteWorkload,
+                pool: IpPoolType::Vxlan,
+                dst: subnet,
+                node_ip: Some(public),
+                same_subnet: false,
             };
             match &self.config.backend {
                 Backend::Vxlan(vxlan) => {
@@ -385,13 +446,15 @@ impl View {
                             continue;
                         }
                     };
-                    let vtep = p.vtep.get_or_insert_with(|| vtep(&node));
-                    set_vtep_family(vtep, family, &data.vtep_mac.to_string(), subnet, public);
-                    route.ip_pool_type = IpPoolType::Vxlan as i32;
+                    p.vtep[slot] = Some(VtepFamily {
+                        mac: data.vtep_mac,
+                        tunnel: subnet.network(),
+                        parent: public,
+                    });
                     route.same_subnet = vxlan.direct_routing && self.local.on_link(public);
                 }
                 Backend::HostGw => {
-                    route.ip_pool_type = IpPoolType::NoEncap as i32;
+                    route.pool = IpPoolType::NoEncap;
                     if !self.local.on_link(public) {
                         problems.push(format!(
                             "{family} route not programmed: host-gw needs every node on one L2 segment, and PublicIP {public} is on none of this node's networks ({}); vxmgrd's GetState lists it among the waiting routes",
@@ -399,11 +462,11 @@ impl View {
                         ));
                         // Sent without a node address, vxmgrd holds the
                         // route unprogrammed and reports it as waiting.
-                        route.dst_node_ip.clear();
+                        route.node_ip = None;
                     }
                 }
             }
-            p.routes.insert(route.dst.clone(), route);
+            p.routes[slot] = Some(route);
         }
         (p, problems)
     }
@@ -420,61 +483,33 @@ impl View {
     }
 }
 
-fn vtep(node: &str) -> VxlanTunnelEndpointUpdate {
-    VxlanTunnelEndpointUpdate {
-        node: node.to_string(),
-        ..Default::default()
-    }
-}
-
-fn set_vtep_family(
-    vtep: &mut VxlanTunnelEndpointUpdate,
-    family: Family,
-    mac: &str,
-    subnet: IpNetwork,
-    parent: IpAddr,
-) {
-    let tunnel = subnet.network().to_string();
-    match family {
-        Family::V4 => {
-            vtep.mac = mac.to_string();
-            vtep.ipv4_addr = tunnel;
-            vtep.parent_device_ip = parent.to_string();
-        }
-        Family::V6 => {
-            vtep.mac_v6 = mac.to_string();
-            vtep.ipv6_addr = tunnel;
-            vtep.parent_device_ipv6 = parent.to_string();
-        }
-    }
-}
-
 /// The messages that take vxmgrd from `before` to `after` for `node`:
 /// routes going first, then the VTEP, then routes coming (so they find it).
 fn diff(node: &str, before: &Programmed, after: &Programmed, out: &mut Vec<ToDataplane>) {
-    for dst in before.routes.keys() {
-        if !after.routes.contains_key(dst) {
+    for route in before.routes() {
+        if after.route_to(route.dst).is_none() {
             out.push(message(Payload::RouteRemove(RouteRemove {
-                dst: dst.clone(),
+                dst: route.dst.to_string(),
             })));
         }
     }
     // vxmgrd ignores a VTEP update's missing family: a family that goes
     // needs the VTEP removed first.
-    let dropped = !before.vtep_families().is_subset(&after.vtep_families());
-    if before.vtep.is_some() && (after.vtep.is_none() || dropped) {
+    let dropped = (before.vtep.iter().zip(&after.vtep)).any(|(b, a)| b.is_some() && a.is_none());
+    if before.has_vtep() && (!after.has_vtep() || dropped) {
         out.push(message(Payload::VtepRemove(VxlanTunnelEndpointRemove {
             node: node.to_string(),
         })));
     }
-    if let Some(vtep) = &after.vtep
-        && (before.vtep.as_ref() != Some(vtep) || dropped)
-    {
-        out.push(message(Payload::VtepUpdate(vtep.clone())));
+    if after.has_vtep() && (before.vtep != after.vtep || dropped) {
+        out.push(message(Payload::VtepUpdate(vtep_message(
+            node,
+            &after.vtep,
+        ))));
     }
-    for (dst, route) in &after.routes {
-        if before.routes.get(dst) != Some(route) {
-            out.push(message(Payload::RouteUpdate(route.clone())));
+    for route in after.routes() {
+        if before.route_to(route.dst) != Some(route) {
+            out.push(message(Payload::RouteUpdate(route.message(node))));
         }
     }
 }
