@@ -49,6 +49,10 @@ pub enum TestbedError {
         timeout: std::time::Duration,
         seen: String,
     },
+    #[error(
+        "ip monitor in {ns} lost notifications (its socket overran) while waiting for {what}: it may have happened unseen"
+    )]
+    MonitorOverrun { ns: String, what: String },
     #[error("churn: {0}")]
     Churn(String),
     #[error("{0}")]

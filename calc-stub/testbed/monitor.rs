@@ -14,10 +14,17 @@ const MARKER: &str = "198.51.100.77";
 const MARKER_WAIT: Duration = Duration::from_secs(1);
 const MARKER_ATTEMPTS: u32 = 30;
 
+/// What `ip monitor` reports: a change, or that it lost some (it says so
+/// on stderr when its socket's receive buffer overran).
+enum Report {
+    Line(String),
+    Overrun,
+}
+
 pub struct Monitor {
     ns: String,
     child: Child,
-    lines: mpsc::Receiver<(Instant, String)>,
+    reports: mpsc::Receiver<(Instant, Report)>,
     /// Every change reported so far.
     pub seen: Vec<String>,
     /// When each line of `seen` was read from `ip monitor`.
@@ -31,17 +38,30 @@ impl Monitor {
             .args(["-n", ns, "monitor", "route"])
             .args(objects)
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|source| TestbedError::Spawn {
                 command: format!("ip -n {ns} monitor"),
                 source,
             })?;
         let stdout = child.stdout.take().expect("stdout is piped");
-        let (tx, lines) = mpsc::channel();
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let (tx, reports) = mpsc::channel();
+        let errors = tx.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(|l| l.ok()) {
-                if tx.send((Instant::now(), line)).is_err() {
+                if tx.send((Instant::now(), Report::Line(line))).is_err() {
+                    return;
+                }
+            }
+        });
+        // iproute2: "netlink receive error No buffer space available (105)",
+        // and it reads on.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(|l| l.ok()) {
+                if line.contains("No buffer space")
+                    && errors.send((Instant::now(), Report::Overrun)).is_err()
+                {
                     return;
                 }
             }
@@ -49,7 +69,7 @@ impl Monitor {
         let mut monitor = Monitor {
             ns: ns.to_string(),
             child,
-            lines,
+            reports,
             seen: Vec::new(),
             seen_at: Vec::new(),
         };
@@ -93,7 +113,13 @@ impl Monitor {
         self.seen_at.clear();
     }
 
-    /// Waits for a reported line matching `want`.
+    /// The namespace it watches.
+    pub fn ns(&self) -> &str {
+        &self.ns
+    }
+
+    /// Waits for a reported line matching `want`; fails at once if the
+    /// monitor lost notifications meanwhile.
     pub fn wait_for(
         &mut self,
         what: &str,
@@ -103,8 +129,14 @@ impl Monitor {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok((at, line)) => {
+            match self.reports.recv_timeout(left) {
+                Ok((_, Report::Overrun)) => {
+                    return Err(TestbedError::MonitorOverrun {
+                        ns: self.ns.clone(),
+                        what: what.to_string(),
+                    });
+                }
+                Ok((at, Report::Line(line))) => {
                     let hit = want(&line);
                     self.seen.push(line);
                     self.seen_at.push(at);
