@@ -56,6 +56,10 @@ pub struct Agent<M> {
     health: Arc<Health>,
 }
 
+/// Messages in one change (a relisting, a burst of leases) after which
+/// the memory they took is handed back to the system.
+const LARGE_CHANGE: usize = 1_000;
+
 /// Where the agent is with vxmgrd.
 enum Streaming {
     Open(Stream, Progress),
@@ -236,6 +240,10 @@ impl<M: SubnetManager> Agent<M> {
                         }
                         (Streaming::Reopen(_), _) => match self.reopen(&view).await {
                             Ok(stream) => {
+                                // What making and sending the whole view
+                                // freed (its messages, the listing) goes
+                                // back to the system, not kept at the peak.
+                                vxmgr::daemon::release_free_memory();
                                 vxmgrd.0.reset();
                                 vxmgrd.1.ok();
                                 info!(leases = view.remote_count(), "sent vxmgrd the whole view");
@@ -258,9 +266,13 @@ impl<M: SubnetManager> Agent<M> {
             if out.is_empty() {
                 continue;
             }
+            let large = out.len() >= LARGE_CHANGE;
             if let Streaming::Open(stream, _) = &mut streaming {
                 if let Ok(n) = stream.send(out).await {
                     self.health.sent(n);
+                    if large {
+                        vxmgr::daemon::release_free_memory();
+                    }
                 } else {
                     // The whole view goes again when the stream is back.
                     self.health.set_ready(false);

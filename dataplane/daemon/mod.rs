@@ -36,7 +36,7 @@ use crate::reconciler::{NexthopMode, Reconciler, ReconcilerOptions};
 use crate::server::StateQuery;
 use crate::server::{self, DataplaneService, socket::SocketError};
 use engine::EngineOptions;
-pub use heap::use_one_arena;
+pub use heap::{release_free_memory, use_one_arena};
 use kernel_task::KernelTaskOptions;
 
 /// How long open streams get to finish when the daemon stops.
