@@ -178,6 +178,9 @@ pub struct Kill {
     pub convergence: Duration,
     /// What that change was.
     pub last_change: Option<String>,
+    /// Whether `ip monitor` lost notifications after the kill: a change to
+    /// what was right may have gone unseen.
+    pub monitor_overran: bool,
 }
 
 /// What a crash loop saw.
@@ -547,7 +550,7 @@ pub fn run(
                 )
             })?;
         say(&format!(
-            "kill {}: {step} after {:.0} ms, {:?}; {} right at the kill; last change {:.0} ms after DataplaneInSync{}",
+            "kill {}: {step} after {:.0} ms, {:?}; {} right at the kill; last change {:.0} ms after DataplaneInSync{}{}",
             k + 1,
             ms(kill.delay),
             kill.progress,
@@ -556,7 +559,12 @@ pub fn run(
             kill.last_change
                 .as_deref()
                 .map(|l| format!(" ({})", l.trim()))
-                .unwrap_or_default()
+                .unwrap_or_default(),
+            if kill.monitor_overran {
+                "; ip monitor lost notifications after the kill (changes may be unseen)"
+            } else {
+                ""
+            }
         ));
         kills.push(kill);
     }
@@ -680,6 +688,7 @@ impl Loop<'_> {
         let right = Right::of(&at_kill, &target);
         monitor.sync()?;
         monitor.clear();
+        let overruns_before = monitor.overruns;
 
         self.cluster.node_mut(1).start_daemon(&FLAGS)?;
         let view = self.world.view(to);
@@ -739,6 +748,7 @@ impl Loop<'_> {
             right: right.len(),
             convergence,
             last_change,
+            monitor_overran: monitor.overruns > overruns_before,
         })
     }
 }

@@ -8,8 +8,12 @@ use std::time::{Duration, Instant};
 
 use super::{Result, TestbedError, run};
 
-/// A route only the monitor uses, to know it has seen everything before it.
-const MARKER: &str = "198.51.100.77";
+/// Routes only the monitor uses, to know it has seen everything before
+/// one: each marker its own address in 198.18.0.0/16 (part of RFC 2544's
+/// benchmarking range). A marker waited for in vain (its wait timed out, or
+/// the monitor lost notifications) may still be reported later, and must
+/// not end a later wait before the changes that came first.
+const MARKER_PREFIX: &str = "198.18.";
 /// How long one marker is waited for, and how many are made.
 const MARKER_WAIT: Duration = Duration::from_secs(1);
 const MARKER_ATTEMPTS: u32 = 30;
@@ -29,6 +33,10 @@ pub struct Monitor {
     pub seen: Vec<String>,
     /// When each line of `seen` was read from `ip monitor`.
     pub seen_at: Vec<Instant>,
+    /// How often it lost notifications: changes may be missing from `seen`.
+    pub overruns: u32,
+    /// Markers made so far: the next one's number.
+    markers: u32,
 }
 
 impl Monitor {
@@ -72,6 +80,8 @@ impl Monitor {
             reports,
             seen: Vec::new(),
             seen_at: Vec::new(),
+            markers: 0,
+            overruns: 0,
         };
         monitor.sync()?;
         monitor.clear();
@@ -82,14 +92,16 @@ impl Monitor {
     /// reported before is then in `seen`. Right after start the monitor may
     /// not listen yet, so an unseen marker is made again.
     pub fn sync(&mut self) -> Result<()> {
-        let marker = format!("{MARKER}/32");
         let mut attempts = 0;
         loop {
+            let address = marker_address(self.markers);
+            self.markers = self.markers.wrapping_add(1);
+            let marker = format!("{address}/32");
             run(&["ip", "-n", &self.ns, "route", "add", &marker, "dev", "lo"])?;
             run(&["ip", "-n", &self.ns, "route", "del", &marker, "dev", "lo"])?;
             attempts += 1;
             let seen = self.wait_for("the monitor's own marker", MARKER_WAIT, |l| {
-                l.starts_with("Deleted") && l.contains(MARKER)
+                l.starts_with("Deleted") && l.split_whitespace().nth(1) == Some(&address)
             });
             match seen {
                 Ok(()) => break,
@@ -101,7 +113,7 @@ impl Monitor {
             .seen
             .drain(..)
             .zip(self.seen_at.drain(..))
-            .filter(|(l, _)| !l.contains(MARKER))
+            .filter(|(l, _)| !is_marker(l))
             .unzip();
         (self.seen, self.seen_at) = (seen, seen_at);
         Ok(())
@@ -131,6 +143,7 @@ impl Monitor {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.reports.recv_timeout(left) {
                 Ok((_, Report::Overrun)) => {
+                    self.overruns += 1;
                     return Err(TestbedError::MonitorOverrun {
                         ns: self.ns.clone(),
                         what: what.to_string(),
@@ -154,6 +167,22 @@ impl Monitor {
             }
         }
     }
+}
+
+/// The address of marker number `n`: 198.18.0.1 onwards, through
+/// 198.18.255.254 before the numbers come round again.
+fn marker_address(n: u32) -> String {
+    let host = 1 + n % 0xfffe;
+    format!("{MARKER_PREFIX}{}.{}", host >> 8, host & 0xff)
+}
+
+/// Whether an `ip monitor` line is about one of the monitor's markers.
+fn is_marker(line: &str) -> bool {
+    let mut words = line.split_whitespace().skip_while(|w| *w == "Deleted");
+    words
+        .next()
+        .is_some_and(|dst| dst.starts_with(MARKER_PREFIX))
+        && line.contains(" dev lo")
 }
 
 impl Drop for Monitor {
