@@ -1429,3 +1429,84 @@ fn a_watch_that_has_caught_up_has_every_change_made_before() {
         }
     });
 }
+
+/// The watch does not hear the echoes of the routes and neighbours the
+/// backend itself adds (a socket filter keeps the kernel from queueing
+/// them), and still hears another program's changes, and the deletion of
+/// the backend's objects.
+#[test]
+fn a_watch_hears_other_programs_changes_and_not_the_echoes_of_its_own() {
+    let test = "a_watch_hears_other_programs_changes_and_not_the_echoes_of_its_own";
+    let Some(netns) = Netns::for_test(test) else {
+        return;
+    };
+    let underlay = netns.probe.underlay();
+    let probe = netns.probe();
+    netns.run(move |mut backend| async move {
+        let mut watch = backend.watch().expect("subscribing");
+        let ours = KernelRoute {
+            dst: net("10.101.0.0/24"),
+            protocol: PROTOCOL,
+            via: KernelRouteVia::Link(underlay.index),
+            mtu: None,
+        };
+        let our_neighbour = KernelNeighbor {
+            ifindex: underlay.index,
+            address: ip("192.0.2.50"),
+            mac: mac(REMOTE_MAC),
+        };
+        apply_ok(
+            &mut backend,
+            &[
+                KernelOp::ReplaceRoute(ours),
+                KernelOp::ReplaceNeighbor(our_neighbour),
+            ],
+        )
+        .await;
+        probe.ip(&[
+            "route",
+            "add",
+            "10.102.0.0/24",
+            "dev",
+            "veth0",
+            "proto",
+            "80",
+        ]);
+        probe.ip(&[
+            "neigh",
+            "replace",
+            "192.0.2.51",
+            "lladdr",
+            REMOTE_MAC,
+            "dev",
+            "veth0",
+            "nud",
+            "permanent",
+        ]);
+        probe.ip(&["route", "del", "10.101.0.0/24", "dev", "veth0"]);
+        watch.caught_up().await;
+        let mut seen = Vec::new();
+        while let Some(notification) = watch.try_recv() {
+            match notification {
+                Notification::Route(TableRoute::Shaped(route)) => {
+                    seen.push(format!("route {}", route.dst));
+                }
+                Notification::RouteGone(TableRoute::Shaped(route)) => {
+                    seen.push(format!("route gone {}", route.dst));
+                }
+                Notification::Neighbor(n) if n.ifindex == underlay.index => {
+                    seen.push(format!("neighbour {}", n.address));
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(
+            seen,
+            [
+                "route 10.102.0.0/24",
+                "neighbour 192.0.2.51",
+                "route gone 10.101.0.0/24"
+            ]
+        );
+    });
+}

@@ -16,7 +16,7 @@ use std::ops::Range;
 use rtnetlink::packet_core::{
     NLM_F_ACK, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload, NetlinkSerializable,
 };
-use rtnetlink::sys::Socket;
+use rtnetlink::sys::{Socket, SocketAddr};
 
 use super::io_error;
 use super::raw::{self, NLMSG_ERROR};
@@ -84,6 +84,9 @@ impl Datagram {
 
 pub(super) struct BatchSocket {
     socket: Socket,
+    /// The socket's netlink port id: the kernel's notifications of its
+    /// changes carry it.
+    port: u32,
     buffer: Vec<u8>,
     /// Sequence number of the next request.
     seq: u32,
@@ -93,11 +96,18 @@ impl BatchSocket {
     pub fn open() -> io::Result<BatchSocket> {
         let mut socket = blocking_route_socket()?;
         raise_receive_buffer(&mut socket, RECEIVE_BUFFER)?;
+        let mut address = SocketAddr::new(0, 0);
+        socket.get_address(&mut address)?;
         Ok(BatchSocket {
             socket,
+            port: address.port_number(),
             buffer: Vec::with_capacity(ANSWER_BUFFER),
             seq: 1,
         })
+    }
+
+    pub fn port(&self) -> u32 {
+        self.port
     }
 
     /// Sends the datagram's requests; one result per request, in order.

@@ -11,6 +11,7 @@
 
 mod batch;
 mod dump;
+mod echo_filter;
 mod ethtool;
 mod ipset;
 mod ipset_message;
@@ -353,7 +354,10 @@ impl KernelBackend for NetlinkBackend {
     }
 
     fn watch(&mut self) -> Result<Watch, KernelError> {
-        watch::subscribe()
+        let ports: Vec<u32> = (self.batches.iter())
+            .map(|b| b.lock().unwrap_or_else(PoisonError::into_inner).port())
+            .collect();
+        watch::subscribe(&ports)
     }
 }
 

@@ -14,6 +14,7 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot};
 use tracing::warn;
 
+use super::echo_filter;
 use super::neighbour::{Entry, RTM_DELNEIGH, RTM_NEWNEIGH};
 use super::nft_watch::{self, NFNLGRP_NFTABLES};
 use super::raw::{self, Message};
@@ -46,8 +47,9 @@ const RTNLGRP_IPV6_ROUTE: u32 = 11;
 /// tokio runtime. Without nftables notifications (no nf_tables in the
 /// kernel) vxmgr's firewall is repaired at resyncs only. The barrier covers
 /// the routing socket: nftables' changes are only ever rechecked, so an old
-/// one taken in late misleads nothing.
-pub(super) fn subscribe() -> Result<Watch, KernelError> {
+/// one taken in late misleads nothing. The echoes of the route and
+/// neighbour changes sent from `own_ports` are not queued (`echo_filter`).
+pub(super) fn subscribe(own_ports: &[u32]) -> Result<Watch, KernelError> {
     const ROUTE_GROUPS: [u32; 6] = [
         RTNLGRP_LINK,
         RTNLGRP_NEIGH,
@@ -56,10 +58,12 @@ pub(super) fn subscribe() -> Result<Watch, KernelError> {
         RTNLGRP_IPV6_IFADDR,
         RTNLGRP_IPV6_ROUTE,
     ];
-    let socket = open(NETLINK_ROUTE, &ROUTE_GROUPS).map_err(|e| KernelError {
-        errno: e.raw_os_error(),
-        message: format!("subscribing to kernel notifications: {e}"),
-    })?;
+    let socket = open(NETLINK_ROUTE, &ROUTE_GROUPS)
+        .and_then(|socket| echo_filter::attach(socket.get_ref(), own_ports).map(|()| socket))
+        .map_err(|e| KernelError {
+            errno: e.raw_os_error(),
+            message: format!("subscribing to kernel notifications: {e}"),
+        })?;
     let (tx, rx) = mpsc::unbounded_channel();
     let (barriers, barriers_rx) = mpsc::unbounded_channel();
     let routing = Forwarder {
