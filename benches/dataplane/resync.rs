@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use vxmgr::config::Config;
-use vxmgr::kernel::KernelBackend;
 use vxmgr::kernel::netlink::NetlinkBackend;
 use vxmgr::kernel::objects::{KernelState, Ownership};
+use vxmgr::kernel::{KernelBackend, KernelError};
 
 use crate::Bench;
 use crate::alloc;
@@ -17,11 +17,12 @@ use crate::netns::Netns;
 use crate::report::{Table, median, mib, millis, min};
 
 /// Timings and the allocations of one more, untimed, run.
+#[derive(Default)]
 struct Measured {
     times: Vec<Duration>,
     /// CPU time of this process (every thread, user and system) in each run.
     cpu: Vec<Duration>,
-    /// Operations each resync attempted (0 without drift).
+    /// Operations each run attempted (0 without drift; none in a dump).
     operations: Vec<u32>,
     allocations: u64,
     allocated_bytes: u64,
@@ -40,6 +41,18 @@ impl Figures {
 
     pub fn dump_median(&self) -> Duration {
         median(&self.dump.times)
+    }
+
+    /// Each resync's time over that of the dump run right after it,
+    /// ascending: pairs taken close together share the machine's speed of
+    /// the moment, which wanders by more than the target's margin.
+    pub fn paired_ratios(&self) -> Vec<f64> {
+        let pairs = self.resync.times.iter().zip(&self.dump.times);
+        let mut ratios: Vec<f64> = pairs
+            .map(|(resync, dump)| resync.as_secs_f64() / dump.as_secs_f64())
+            .collect();
+        ratios.sort_by(f64::total_cmp);
+        ratios
     }
 }
 
@@ -87,8 +100,16 @@ pub fn run(bench: &Bench) -> Result<()> {
         ]);
     }
     table.print();
+    let ratios = figures.paired_ratios();
+    if let (Some(lowest), Some(highest)) = (ratios.first(), ratios.last()) {
+        let middle = (ratios[(ratios.len() - 1) / 2] + ratios[ratios.len() / 2]) / 2.0;
+        println!(
+            "  resync / dump alone, run by run: median {middle:.2}x (from {lowest:.2}x to {highest:.2}x)"
+        );
+    }
     println!(
-        "  CPU: this process's, every thread, user and system (the kernel writes a dump in the reading thread);\n  \
+        "  runs: a resync and a dump in turn;\n  \
+         CPU: this process's, every thread, user and system (the kernel writes a dump in the reading thread);\n  \
          operations: the most any timed resync attempted; allocations: one further run."
     );
     Ok(())
@@ -105,23 +126,24 @@ pub fn measure_nodes(bench: &Bench, nodes: u32) -> Result<Figures> {
 }
 
 /// Inside the namespace: programs the cluster, then times resyncs and
-/// dumps.
+/// dumps, one of each in turn, so that a change in the machine's speed
+/// during the runs weighs on both alike.
 async fn measure(messages: Vec<vxmgr::wire::felix::ToDataplane>, runs: u32) -> Result<Figures> {
     let (_manager, mut reconciler) = converge(NetlinkBackend::new()?, messages).await?;
-    let resync = time(runs, async || {
-        let report = reconciler.resync().await?;
-        Ok(Some(report.operations))
-    })
-    .await?;
     // A second backend in the same namespace, reading the same objects.
     let mut probe = NetlinkBackend::new()?;
     // What vxmgrd owns with its default settings.
     let ownership = Ownership::of_vxmgr(Config::default().settings().route_protocol);
-    let dump = time(runs, async || {
-        probe.dump(&ownership).await?;
-        Ok(None)
-    })
-    .await?;
+    let (mut resync, mut dump) = (Measured::default(), Measured::default());
+    for _ in 0..runs {
+        resync
+            .time(async { Ok(Some(reconciler.resync().await?.operations)) })
+            .await?;
+        dump.time(async { probe.dump(&ownership).await.map(|_| None) })
+            .await?;
+    }
+    resync.count_allocations(reconciler.resync()).await?;
+    dump.count_allocations(probe.dump(&ownership)).await?;
     let state = probe.dump(&ownership).await?;
     Ok(Figures {
         resync,
@@ -130,28 +152,31 @@ async fn measure(messages: Vec<vxmgr::wire::felix::ToDataplane>, runs: u32) -> R
     })
 }
 
-/// Runs `step` `runs` times timed, then once more counting allocations.
-async fn time(runs: u32, mut step: impl AsyncFnMut() -> Result<Option<u32>>) -> Result<Measured> {
-    let mut times = Vec::new();
-    let mut cpu = Vec::new();
-    let mut operations = Vec::new();
-    for _ in 0..runs {
+impl Measured {
+    /// Runs `step` once, timed; it returns the operations it attempted,
+    /// if it is a resync.
+    async fn time(
+        &mut self,
+        step: impl Future<Output = Result<Option<u32>, KernelError>>,
+    ) -> Result<()> {
         let (started, cpu_before) = (Instant::now(), process_cpu());
-        let ops = step().await?;
-        times.push(started.elapsed());
-        cpu.push(process_cpu().saturating_sub(cpu_before));
-        operations.extend(ops);
+        let operations = step.await?;
+        self.times.push(started.elapsed());
+        self.cpu.push(process_cpu().saturating_sub(cpu_before));
+        self.operations.extend(operations);
+        Ok(())
     }
-    let before = alloc::snapshot();
-    step().await?;
-    let (allocations, allocated_bytes) = alloc::snapshot().since(&before);
-    Ok(Measured {
-        times,
-        cpu,
-        operations,
-        allocations,
-        allocated_bytes,
-    })
+
+    /// Runs `step` once more, counting its allocations.
+    async fn count_allocations<T>(
+        &mut self,
+        step: impl Future<Output = Result<T, KernelError>>,
+    ) -> Result<()> {
+        let before = alloc::snapshot();
+        step.await?;
+        (self.allocations, self.allocated_bytes) = alloc::snapshot().since(&before);
+        Ok(())
+    }
 }
 
 /// CPU time this process has used so far, all threads, user and system.
