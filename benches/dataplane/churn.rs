@@ -61,6 +61,10 @@ impl Samples {
     pub fn round_trip_p99(&self, op: Op) -> Duration {
         quantile(&self.of(op).round_trip, 0.99)
     }
+
+    pub fn round_trip_slowest(&self, op: Op) -> Duration {
+        quantile(&self.of(op).round_trip, 1.0)
+    }
 }
 
 pub fn run(bench: &Bench) -> Result<()> {

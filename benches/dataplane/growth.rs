@@ -18,6 +18,9 @@ struct Point {
     cold: cold::Figures,
     /// Round-trip p99 of a lone join, VTEP change and leave.
     p99: [Duration; 3],
+    /// The slowest round trip of each: a p99 of 200 is the third slowest,
+    /// so this tells one stall from a slow spell.
+    slowest: [Duration; 3],
     resync: Duration,
     dumps: Duration,
     rss: rss::Figures,
@@ -46,6 +49,7 @@ fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Point> {
         nodes,
         cold,
         p99: churn::Op::ALL.map(|op| churn.round_trip_p99(op)),
+        slowest: churn::Op::ALL.map(|op| churn.round_trip_slowest(op)),
         resync: resync.resync_median(),
         dumps: resync.dump_median(),
         rss,
@@ -63,6 +67,7 @@ fn print(points: &[Point]) {
             "join p99 (ms)",
             "move p99 (ms)",
             "leave p99 (ms)",
+            "slowest join · move · leave (ms)",
             "resync (ms)",
             "dumps (ms)",
             "RSS (MiB)",
@@ -79,6 +84,7 @@ fn print(points: &[Point]) {
             millis(join),
             millis(mv),
             millis(leave),
+            p.slowest.map(millis).join(" · "),
             millis(p.resync),
             millis(p.dumps),
             mib(p.rss.converged),
@@ -88,7 +94,7 @@ fn print(points: &[Point]) {
     table.print();
     println!(
         "  cold: calc-stub replay of a JSON lines / Felix-framed file → the status covering InSync; ip: ip -batch + bridge -batch + ipset restore.\n  \
-         p99: round trip of a lone operation on the converged daemon; resync: in-process, no drift, median; dumps: the same kernel dumps alone."
+         p99: round trip of a lone operation on the converged daemon (slowest: the longest of each kind); resync: in-process, no drift, median; dumps: the same kernel dumps alone."
     );
 }
 
