@@ -47,6 +47,8 @@ pub struct MemoryKernel {
     faults: Vec<(FaultRule, i32)>,
     /// Dumps fail with this errno.
     dump_fault: Option<i32>,
+    /// Dumps read (or failed), to count the reconciler's reads of the kernel.
+    pub dumps: u32,
     /// Applies wait here until released (see `hold_applies`).
     hold: Option<HeldApplies>,
     /// Answers address lookups that match no interface, standing in for a
@@ -528,7 +530,8 @@ impl KernelBackend for MemoryBackend {
         sink: &mut dyn DumpSink,
     ) -> Result<(), KernelError> {
         let state = {
-            let k = self.lock();
+            let mut k = self.lock();
+            k.dumps += 1;
             match k.dump_fault {
                 Some(errno) => return Err(KernelError::from_errno(errno)),
                 None => k.owned_state(ownership),

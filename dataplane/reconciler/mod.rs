@@ -133,6 +133,17 @@ impl Report {
             error: error.to_string(),
         });
     }
+
+    /// An object that failed in more than one pass of a batch (a resync's,
+    /// then the batch's own) is reported once, as it failed last.
+    fn keep_last_error_of_each(&mut self) {
+        let mut seen = HashSet::new();
+        let mut errors = std::mem::take(&mut self.errors);
+        errors.reverse();
+        errors.retain(|e| seen.insert(e.object.clone()));
+        errors.reverse();
+        self.errors = errors;
+    }
 }
 
 /// One family's device: what is wanted and the link as last read.
@@ -420,18 +431,24 @@ impl<B: KernelBackend> Reconciler<B> {
             (self.tables_mut().into_iter()).for_each(|t| t.set_device_names(&names));
             self.resync_due = Some(Instant::now());
         }
-        self.resync_if_due(&mut report).await;
+        let resynced = self.resync_if_due(&mut report).await;
         if request.in_sync && !self.sweep {
             info!("stream in sync: removing objects it did not declare");
             self.sweep = true;
             self.mark_stale();
         }
         self.pass(&mut report).await;
+        if resynced {
+            report.keep_last_error_of_each();
+        }
         report
     }
 
     /// Finds the interfaces holding each family's local VTEP parent address
-    /// (and remembers the addresses, to re-check them periodically).
+    /// (and remembers the addresses, to re-check them periodically). A
+    /// parent newly claimed makes a resync due, which the apply that always
+    /// follows does: a stream's first batch, which also brings new device
+    /// names, then reads the kernel once, not twice.
     pub async fn find_parents(
         &mut self,
         parent_ips: [Option<IpAddr>; 2],
@@ -441,7 +458,6 @@ impl<B: KernelBackend> Reconciler<B> {
             self.devices[family as usize].wanted_parent_ip = parent_ips[family as usize];
             self.find_parent(family, &mut report).await;
         }
-        self.resync_if_due(&mut report).await;
         let parents = [0, 1].map(|i| self.devices[i].parent.clone());
         (report, parents)
     }
@@ -457,12 +473,15 @@ impl<B: KernelBackend> Reconciler<B> {
 
     /// What is ours changed (a new parent, another protocol): the kernel is
     /// read again before anything is programmed over what it holds.
-    async fn resync_if_due(&mut self, report: &mut Report) {
+    /// Whether it read the kernel.
+    async fn resync_if_due(&mut self, report: &mut Report) -> bool {
         if self.resync_due.is_some_and(|at| at <= Instant::now())
             && let Ok(resync) = self.resync().await
         {
             report.merge(resync);
+            return true;
         }
+        false
     }
 
     /// Everything in the kernel that nothing wants is to be deleted.

@@ -959,6 +959,19 @@ async fn devices_take_the_names_the_stream_gives_and_a_restart_adopts_them() {
 }
 
 #[tokio::test]
+async fn a_first_batch_claiming_a_parent_and_naming_devices_reads_the_kernel_once() {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+    let before = rig.kernel.lock().dumps;
+    rig.send(&[FLANNEL_NAMES]);
+    rig.send(CLUSTER);
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    assert!(report.errors.is_empty(), "{report:?}");
+    assert!(rig.kernel.lock().link_by_name("flannel.1").is_some());
+    assert_eq!(rig.kernel.lock().dumps - before, 1);
+}
+
+#[tokio::test]
 async fn a_device_of_names_no_longer_in_effect_is_left_alone() {
     let mut rig = cluster_rig(NexthopMode::On).await;
     rig.new_stream();
