@@ -106,8 +106,8 @@ pub struct Cli {
     /// Ingest repetitions [default: 3; --quick: 1].
     #[arg(long)]
     pub ingest_runs: Option<u32>,
-    /// Runs of each cold start (cold, growth), taken in turns; the median is
-    /// reported [default: 5; --quick: 1].
+    /// Runs of each cold start (cold, growth; flannel's of one node), taken
+    /// in turns; the median is reported [default: 5; --quick: 1].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub cold_runs: Option<u32>,
     /// Skip the inline-gateway builds in cold (their kernel cost grows with
