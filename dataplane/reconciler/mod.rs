@@ -472,8 +472,8 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 
     /// What is ours changed (a new parent, another protocol): the kernel is
-    /// read again before anything is programmed over what it holds.
-    /// Whether it read the kernel.
+    /// read again before anything is programmed over what it holds. True
+    /// if it was read.
     async fn resync_if_due(&mut self, report: &mut Report) -> bool {
         if self.resync_due.is_some_and(|at| at <= Instant::now())
             && let Ok(resync) = self.resync().await
