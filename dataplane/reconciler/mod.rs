@@ -133,17 +133,6 @@ impl Report {
             error: error.to_string(),
         });
     }
-
-    /// An object that failed in more than one pass of a batch (a resync's,
-    /// then the batch's own) is reported once, as it failed last.
-    fn keep_last_error_of_each(&mut self) {
-        let mut seen = HashSet::new();
-        let mut errors = std::mem::take(&mut self.errors);
-        errors.reverse();
-        errors.retain(|e| seen.insert(e.object.clone()));
-        errors.reverse();
-        self.errors = errors;
-    }
 }
 
 /// One family's device: what is wanted and the link as last read.
@@ -431,16 +420,13 @@ impl<B: KernelBackend> Reconciler<B> {
             (self.tables_mut().into_iter()).for_each(|t| t.set_device_names(&names));
             self.resync_due = Some(Instant::now());
         }
-        let resynced = self.resync_if_due(&mut report).await;
+        self.read_kernel_if_due(&mut report).await;
         if request.in_sync && !self.sweep {
             info!("stream in sync: removing objects it did not declare");
             self.sweep = true;
             self.mark_stale();
         }
         self.pass(&mut report).await;
-        if resynced {
-            report.keep_last_error_of_each();
-        }
         report
     }
 
@@ -472,16 +458,14 @@ impl<B: KernelBackend> Reconciler<B> {
     }
 
     /// What is ours changed (a new parent, another protocol): the kernel is
-    /// read again before anything is programmed over what it holds. True
-    /// if it was read.
-    async fn resync_if_due(&mut self, report: &mut Report) -> bool {
+    /// read again before the batch's pass programs anything over what it
+    /// holds. A read that fails is logged and tried again with backoff.
+    async fn read_kernel_if_due(&mut self, report: &mut Report) {
         if self.resync_due.is_some_and(|at| at <= Instant::now())
-            && let Ok(resync) = self.resync().await
+            && let Ok(read) = self.read_kernel().await
         {
-            report.merge(resync);
-            return true;
+            report.merge(read);
         }
-        false
     }
 
     /// Everything in the kernel that nothing wants is to be deleted.

@@ -26,6 +26,17 @@ impl<B: KernelBackend> Reconciler<B> {
     /// taken in, each whole.
     pub async fn resync(&mut self) -> Result<Report, KernelError> {
         let started = Instant::now();
+        let mut report = self.read_kernel().await?;
+        self.pass(&mut report).await;
+        debug!(elapsed_ms = started.elapsed().as_secs_f64() * 1e3, "resync");
+        Ok(report)
+    }
+
+    /// Takes in what the kernel holds of ours, without changing it: a batch
+    /// that calls for a resync reads here and makes the kernel match in its
+    /// own pass.
+    pub(super) async fn read_kernel(&mut self) -> Result<Report, KernelError> {
+        let started = Instant::now();
         let mut taking = TakingIn {
             devices: &mut self.devices,
             device_names: &self.device_names,
@@ -58,10 +69,9 @@ impl<B: KernelBackend> Reconciler<B> {
             self.find_parent(family, &mut report).await;
         }
         self.firewall.recheck();
-        self.pass(&mut report).await;
         debug!(
             elapsed_ms = started.elapsed().as_secs_f64() * 1e3,
-            routes, "resync"
+            routes, "kernel read"
         );
         Ok(report)
     }

@@ -972,6 +972,27 @@ async fn a_first_batch_claiming_a_parent_and_naming_devices_reads_the_kernel_onc
 }
 
 #[tokio::test]
+async fn a_batch_that_reads_the_kernel_again_tries_each_object_once() {
+    let mut rig = Rig::new(MemoryBackend::with_underlay("eth0", 1500), NexthopMode::On).await;
+    let creates_device = |op: &KernelOp| matches!(op, KernelOp::CreateVxlan(_));
+    rig.kernel.inject_fault(creates_device, libc::EPERM);
+    rig.kernel.record_operations();
+    rig.send(&[FLANNEL_NAMES]);
+    rig.send(CLUSTER);
+    rig.send(&[IN_SYNC]);
+    let report = rig.apply().await;
+    assert_eq!(report.errors.len(), 1, "{report:?}");
+    let tries = rig
+        .kernel
+        .lock()
+        .log
+        .iter()
+        .filter(|op| creates_device(op))
+        .count();
+    assert_eq!(tries, 1);
+}
+
+#[tokio::test]
 async fn a_device_of_names_no_longer_in_effect_is_left_alone() {
     let mut rig = cluster_rig(NexthopMode::On).await;
     rig.new_stream();
