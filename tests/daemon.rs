@@ -240,6 +240,33 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
     assert!(!socket.exists(), "the socket is removed on exit");
 }
 
+#[test]
+fn a_second_daemon_is_refused_even_when_the_first_ones_socket_file_was_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("vxmgr.sock");
+    let mut daemon = private_daemon_on(&socket);
+    std::fs::remove_file(&socket).unwrap();
+
+    let second = Command::new(VXMGRD)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--kernel", "memory", "--hostname", "node-a"])
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(
+        err.contains("another vxmgrd is already serving on"),
+        "{err}"
+    );
+    assert!(!socket.exists(), "the refused daemon bound nothing");
+
+    let status = daemon.terminate();
+    assert!(status.success(), "SIGTERM is a clean stop: {status}");
+    // Its lock went with it: the next daemon starts.
+    private_daemon_on(&socket).terminate();
+}
+
 #[tokio::test]
 async fn the_socket_directory_is_created_and_holds_only_the_socket() {
     let dir = tempfile::tempdir().unwrap();
@@ -249,7 +276,13 @@ async fn the_socket_directory_is_created_and_holds_only_the_socket() {
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
-    assert_eq!(entries, ["dataplane.sock"], "nothing left from binding");
+    let mut entries: Vec<_> = entries.iter().map(|e| e.to_string_lossy()).collect();
+    entries.sort();
+    assert_eq!(
+        entries,
+        ["dataplane.sock", "dataplane.sock.lock"],
+        "nothing left from binding"
+    );
     // Served on the socket's final path.
     assert_eq!(daemon.state().await.hostname, "node-a");
 }

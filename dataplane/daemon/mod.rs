@@ -155,7 +155,8 @@ pub async fn run_with_backend<B: KernelBackend>(
         ),
         None => None,
     };
-    let listener = server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
+    let (listener, _socket_lock) =
+        server::socket::bind(&options.socket, options.socket_group.as_deref()).await?;
     let calc_source = if felix.is_some() {
         "felix-pipes"
     } else {

@@ -1,10 +1,12 @@
 //! The unix socket the calc process connects to: created safely, locked
 //! down, and filtered by peer credentials.
 
+use std::fs::File;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::{Flock, FlockArg};
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::{Stream, StreamExt, wrappers::UnixListenerStream};
 use tracing::warn;
@@ -33,13 +35,45 @@ fn io_error<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(io::Error) ->
     }
 }
 
-/// Binds `path` with mode 0600, or 0660 and group `group` when given.
-/// A stale socket file is replaced; a live daemon on it is an error.
+/// Held for as long as a daemon serves on a socket.
+pub struct SocketLock {
+    _held: Flock<File>,
+}
+
+/// Takes the lock on `<socket>.lock`. A daemon's socket file can be deleted
+/// under it, so the file alone cannot keep a second daemon off the same
+/// path; the lock is the kernel's and lasts until the holder exits. The
+/// lock file stays when the daemon stops: deleting it would let two
+/// daemons lock two different files of one name.
+fn lock(socket: &Path) -> Result<SocketLock, SocketError> {
+    let mut name = socket.as_os_str().to_owned();
+    name.push(".lock");
+    let path = PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(io_error("opening the lock file", &path))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(held) => Ok(SocketLock { _held: held }),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(SocketError::InUse(socket.to_path_buf())),
+        Err((_, errno)) => Err(io_error("locking", &path)(errno.into())),
+    }
+}
+
+/// Binds `path` with mode 0600, or 0660 and group `group` when given, and
+/// locks it for this daemon (see `lock`). A stale socket file is replaced;
+/// a live daemon on it is an error.
 ///
 /// The socket is bound in a private (0700) directory beside `path`, given
 /// its mode and group there, and only then renamed into place, so it is
 /// never reachable with the looser permissions the umask would give it.
-pub async fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, SocketError> {
+pub async fn bind(
+    path: &Path,
+    group: Option<&str>,
+) -> Result<(UnixListener, SocketLock), SocketError> {
     let dir = match path.parent().filter(|d| !d.as_os_str().is_empty()) {
         Some(dir) => {
             std::fs::create_dir_all(dir).map_err(io_error("creating directory", dir))?;
@@ -47,6 +81,7 @@ pub async fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, Sock
         }
         None => Path::new("."),
     };
+    let lock = lock(path)?;
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if UnixStream::connect(path).await.is_ok() {
@@ -82,7 +117,7 @@ pub async fn bind(path: &Path, group: Option<&str>) -> Result<UnixListener, Sock
     }
     // Replaces a stale socket atomically.
     std::fs::rename(&staged, path).map_err(io_error("moving the socket to", path))?;
-    Ok(listener)
+    Ok((listener, lock))
 }
 
 /// Accepted connections, without those from uids not in `allow` (when
