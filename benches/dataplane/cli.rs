@@ -149,6 +149,10 @@ pub struct Cli {
     /// --quick: 1000,5000].
     #[arg(long, value_delimiter = ',', value_parser = nodes())]
     pub growth_sizes: Option<Vec<u32>>,
+    /// How long the machine's own stalls are measured, before the
+    /// scenarios and after them, in seconds; 0 skips [default: 5; --quick: 1].
+    #[arg(long)]
+    pub stall_seconds: Option<u32>,
     /// Where growth writes its plot.
     #[arg(long, default_value = "target/growth.png")]
     pub growth_plot: std::path::PathBuf,
@@ -181,6 +185,7 @@ pub struct Settings {
     pub crash_nodes: u32,
     pub growth_sizes: Vec<u32>,
     pub growth_plot: std::path::PathBuf,
+    pub stall_duration: std::time::Duration,
 }
 
 impl Cli {
@@ -242,6 +247,11 @@ impl Cli {
                 vec![1000, 2000, 5000, 10_000, 20_000, 50_000, 100_000]
             }),
             growth_plot: self.growth_plot.clone(),
+            stall_duration: std::time::Duration::from_secs(u64::from(pick(
+                self.stall_seconds,
+                5,
+                1,
+            ))),
         }
     }
 }

@@ -26,6 +26,7 @@ mod report;
 mod resync;
 mod rss;
 mod soak;
+mod stalls;
 // The namespace testbed, from calc-stub's sources (its demo runs on it); the
 // benches use its churn, census, stream and crash loop.
 #[path = "../../calc-stub/testbed/mod.rs"]
@@ -68,6 +69,7 @@ fn main() -> ExitCode {
     if kernel_unavailable.is_none() {
         netns::remove_leftovers();
     }
+    stalls::print("before the scenarios", bench.settings.stall_duration);
     let mut failed = false;
     for &scenario in &bench.settings.scenarios {
         if let Some(why) = kernel_unavailable.filter(|_| scenario.needs_kernel()) {
@@ -100,6 +102,7 @@ fn main() -> ExitCode {
             }
         }
     }
+    stalls::print("after the scenarios", bench.settings.stall_duration);
     if failed {
         ExitCode::FAILURE
     } else {
