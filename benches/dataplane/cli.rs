@@ -149,8 +149,8 @@ pub struct Cli {
     /// --quick: 1000,5000].
     #[arg(long, value_delimiter = ',', value_parser = nodes())]
     pub growth_sizes: Option<Vec<u32>>,
-    /// How long the machine's own stalls are measured, before the
-    /// scenarios and after them, in seconds; 0 skips [default: 5; --quick: 1].
+    /// How long the machine's own stalls are measured, before each
+    /// scenario and after the last, in seconds; 0 skips [default: 5; --quick: 1].
     #[arg(long)]
     pub stall_seconds: Option<u32>,
     /// Where growth writes its plot.

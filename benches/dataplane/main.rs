@@ -69,13 +69,13 @@ fn main() -> ExitCode {
     if kernel_unavailable.is_none() {
         netns::remove_leftovers();
     }
-    stalls::print("before the scenarios", bench.settings.stall_duration);
     let mut failed = false;
     for &scenario in &bench.settings.scenarios {
         if let Some(why) = kernel_unavailable.filter(|_| scenario.needs_kernel()) {
             println!("\n{scenario}: SKIPPED ({why})");
             continue;
         }
+        stalls::print(&format!("before {scenario}"), bench.settings.stall_duration);
         let started = Instant::now();
         let result = match scenario {
             Scenario::Cold => cold::run(&bench),
@@ -102,7 +102,7 @@ fn main() -> ExitCode {
             }
         }
     }
-    stalls::print("after the scenarios", bench.settings.stall_duration);
+    stalls::print("after the last scenario", bench.settings.stall_duration);
     if failed {
         ExitCode::FAILURE
     } else {

@@ -4,8 +4,8 @@
 //! two threads on two CPUs pass a byte back and forth after a pause, as a
 //! lone update's steps wake one another on idle CPUs. A round trip that
 //! meets a stall or a slow wake-up is slow whatever the code does, so the
-//! suite prints both before and after its scenarios, beside the p99s they
-//! bound.
+//! suite prints both before each scenario and after the last, beside the
+//! p99s they bound.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
