@@ -213,18 +213,11 @@ fn private_daemon_on(socket: &Path) -> Daemon {
     daemon
 }
 
-#[test]
-fn the_socket_is_private_and_a_stale_one_is_replaced() {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("run/vxmgr.sock");
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    // A socket file nobody serves: what a crashed daemon leaves.
-    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
-    let mut daemon = private_daemon_on(&socket);
-
+/// A second memory-kernel daemon on `socket` stops at start, saying why.
+fn assert_a_second_daemon_is_refused(socket: &Path) {
     let second = Command::new(VXMGRD)
         .arg("--socket")
-        .arg(&socket)
+        .arg(socket)
         .args(["--kernel", "memory", "--hostname", "node-a"])
         .output()
         .unwrap();
@@ -234,6 +227,18 @@ fn the_socket_is_private_and_a_stale_one_is_replaced() {
         err.contains("another vxmgrd is already serving on"),
         "{err}"
     );
+}
+
+#[test]
+fn the_socket_is_private_and_a_stale_one_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/vxmgr.sock");
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    // A socket file nobody serves: what a crashed daemon leaves.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let mut daemon = private_daemon_on(&socket);
+
+    assert_a_second_daemon_is_refused(&socket);
 
     let status = daemon.terminate();
     assert!(status.success(), "SIGTERM is a clean stop: {status}");
@@ -247,18 +252,7 @@ fn a_second_daemon_is_refused_even_when_the_first_ones_socket_file_was_deleted()
     let mut daemon = private_daemon_on(&socket);
     std::fs::remove_file(&socket).unwrap();
 
-    let second = Command::new(VXMGRD)
-        .arg("--socket")
-        .arg(&socket)
-        .args(["--kernel", "memory", "--hostname", "node-a"])
-        .output()
-        .unwrap();
-    assert!(!second.status.success());
-    let err = String::from_utf8_lossy(&second.stderr);
-    assert!(
-        err.contains("another vxmgrd is already serving on"),
-        "{err}"
-    );
+    assert_a_second_daemon_is_refused(&socket);
     assert!(!socket.exists(), "the refused daemon bound nothing");
 
     let status = daemon.terminate();
