@@ -7,9 +7,9 @@
 //! vxmgrd hold resident once one node has converged. With FLANNELD naming
 //! a flanneld v0.20.x binary, flanneld's cold start and VmRSS on the same
 //! node (vxlan) are measured beside them. Time is read from each node's
-//! `ip monitor route`, so "programmed" means in the kernel.
+//! kernel's route notifications (`route_watch`), so "programmed" means in
+//! the kernel.
 
-use std::cell::Cell;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -19,12 +19,13 @@ use futures::StreamExt;
 
 use crate::testbed::etcd::{self, EtcdClient};
 use crate::testbed::flannel::{self as testbed_flannel, PREFIX};
-use crate::testbed::{Binaries, FlannelCluster, Monitor, sh};
+use crate::testbed::{Binaries, FlannelCluster, sh};
 
 use crate::Bench;
 use crate::cluster::CALC_STUB;
 use crate::daemon::{VXMGRD, settled_rss_bytes};
 use crate::report::{Table, median, mib, millis, missing, quantile, secs};
+use crate::route_watch::{RouteChange, RouteWatch, Waited};
 
 pub const CALC_FLANNEL: &str = env!("CARGO_BIN_EXE_calc-flannel");
 const NODES: u8 = 3;
@@ -136,11 +137,11 @@ enum Agent<'a> {
 }
 
 impl Agent<'_> {
-    /// A route to a lease's subnet added, as `ip monitor` reports it.
-    fn added(self, line: &str) -> bool {
+    /// A route to a lease's subnet added.
+    fn added(self, change: &RouteChange) -> bool {
         match self {
-            Agent::CalcFlannel => added(line),
-            Agent::Flanneld(_) => !line.starts_with("Deleted") && line.contains(" dev flannel.1 "),
+            Agent::CalcFlannel => added(change),
+            Agent::Flanneld(_) => change.added && change.device.as_deref() == Some("flannel.1"),
         }
     }
 
@@ -315,55 +316,54 @@ fn start_agents(c: &mut FlannelCluster, agent: Agent) -> Result<()> {
     Ok(())
 }
 
-fn monitors(c: &FlannelCluster) -> Result<Vec<Monitor>> {
-    Ok(c.cluster
+fn watches(c: &FlannelCluster) -> Result<Vec<RouteWatch>> {
+    c.cluster
         .nodes
         .iter()
-        .map(|n| Monitor::start(&n.ns, &[]))
-        .collect::<crate::testbed::Result<_>>()?)
+        .map(|n| RouteWatch::start(&n.ns))
+        .collect()
 }
 
-/// A route of ours added, as `ip monitor` reports it.
-pub fn added(line: &str) -> bool {
-    !line.starts_with("Deleted") && line.contains(" proto 80")
+/// The vxmgr route protocol (`proto 80`).
+const PROTOCOL: u8 = 80;
+
+/// A route of ours added.
+fn added(change: &RouteChange) -> bool {
+    change.added && change.protocol == PROTOCOL
 }
 
-/// A route of ours deleted, as `ip monitor` reports it.
-fn deleted(line: &str) -> bool {
-    line.starts_with("Deleted") && line.contains(" proto 80")
+/// A route of ours deleted.
+fn deleted(change: &RouteChange) -> bool {
+    !change.added && change.protocol == PROTOCOL
 }
 
-/// Waits until every monitor has reported `count` more lines that are
-/// `wanted`; the instant the last one did. A monitor that loses
-/// notifications (its socket overran) cannot count them: that node's
-/// kernel is then polled until it holds `total` of the `routes`, and the
-/// monitor is caught up for the next wait.
+/// Waits until every node's kernel has announced `count` more route
+/// changes that are `wanted`; the instant the last one was received. A
+/// watch that lost notifications (its socket overran) cannot count them:
+/// that node's kernel is then polled until it holds `total` of the
+/// `routes`, and the node is watched afresh for the next wait.
 fn await_routes(
-    monitors: &mut [Monitor],
+    watches: &mut [RouteWatch],
     count: usize,
-    wanted: impl Fn(&str) -> bool,
+    wanted: impl Fn(&RouteChange) -> bool,
     (routes, total): (Routes, usize),
 ) -> Result<Instant> {
-    for monitor in monitors.iter_mut() {
-        let seen = Cell::new(0);
-        let waited = monitor.wait_for(&format!("{count} routes"), WAIT, |line| {
-            if wanted(line) {
-                seen.set(seen.get() + 1);
+    let mut last = Instant::now();
+    for watch in watches.iter_mut() {
+        match watch.wait_for(count, WAIT, &wanted)? {
+            Waited::Seen(at) => last = last.max(at),
+            Waited::Overrun => {
+                eprintln!(
+                    "flannel: the route notifications of {} overran while waiting for {count} routes: polling the kernel instead",
+                    watch.ns()
+                );
+                poll_routes(watch.ns(), routes, total)?;
+                *watch = RouteWatch::start(watch.ns())?;
+                last = Instant::now();
             }
-            seen.get() >= count
-        });
-        match waited {
-            Ok(()) => {}
-            Err(e @ crate::testbed::TestbedError::MonitorOverrun { .. }) => {
-                eprintln!("flannel: {e}; polling the kernel instead");
-                poll_routes(monitor.ns(), routes, total)?;
-                monitor.sync()?;
-            }
-            Err(e) => return Err(e.into()),
         }
-        monitor.seen.clear();
     }
-    Ok(Instant::now())
+    Ok(last)
 }
 
 /// Reads `ns`'s routes every 20 ms until `total` of `routes` are there.
@@ -437,12 +437,12 @@ fn cold(
         let client = c.etcd.client().await?;
         put_txns(&client, leases, TXNS_IN_FLIGHT).await
     })?;
-    let mut monitors = monitors(&c)?;
+    let mut watches = watches(&c)?;
     let started = Instant::now();
     start_agents(&mut c, agent)?;
     let routes = leases.len() + usize::from(nodes) - 1;
     let converged = await_routes(
-        &mut monitors,
+        &mut watches,
         routes,
         |l| agent.added(l),
         (agent.routes(), routes),
@@ -479,24 +479,24 @@ fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figu
 
     // Bursts on a running cluster.
     let mut c = cluster(bench, backend, NODES, Agent::CalcFlannel)?;
-    let mut monitors = monitors(&c)?;
+    let mut watches = watches(&c)?;
     start_agents(&mut c, Agent::CalcFlannel)?;
-    await_routes(&mut monitors, others, added, (OURS, others))?;
+    await_routes(&mut watches, others, added, (OURS, others))?;
     let client = bench.runtime.block_on(c.etcd.client())?;
     let started = Instant::now();
     let put = async |mut c: EtcdClient, k: String, v: String| c.put(&k, &v).await;
     bench.runtime.block_on(each(&client, &leases, put))?;
     let all = (OURS, others + leases.len());
-    let burst_single = await_routes(&mut monitors, leases.len(), added, all)? - started;
+    let burst_single = await_routes(&mut watches, leases.len(), added, all)? - started;
     check_all(&c, n)?;
 
     let delete = async |mut c: EtcdClient, k: String, _| c.delete(&k).await;
     bench.runtime.block_on(each(&client, &leases, delete))?;
-    await_routes(&mut monitors, leases.len(), deleted, (OURS, others))?;
+    await_routes(&mut watches, leases.len(), deleted, (OURS, others))?;
 
     let started = Instant::now();
     bench.runtime.block_on(put_txns(&client, &leases, 1))?;
-    let burst_txn = await_routes(&mut monitors, leases.len(), added, all)? - started;
+    let burst_txn = await_routes(&mut watches, leases.len(), added, all)? - started;
     check_all(&c, n)?;
 
     // One at a time, on the converged cluster.
@@ -504,16 +504,15 @@ fn measure(bench: &Bench, backend: Backend, n: u32, singles: u32) -> Result<Figu
     let (mut one, mut one_after_put) = (Vec::new(), Vec::new());
     for i in n..n + singles {
         let (key, value) = lease(backend, i);
-        let want = format!("{} ", dst(i));
+        let want = dst(i);
         let started = Instant::now();
         bench.runtime.block_on(client.put(&key, &value))?;
         let answered = Instant::now();
-        for monitor in monitors.iter_mut() {
-            monitor.wait_for(&want, WAIT, |l| added(l) && l.starts_with(&want))?;
-            monitor.seen.clear();
-        }
-        one.push(started.elapsed());
-        one_after_put.push(answered.elapsed());
+        let this_one = |c: &RouteChange| added(c) && c.dst == want;
+        let held = others + leases.len() + (i - n) as usize + 1;
+        let installed = await_routes(&mut watches, 1, this_one, (OURS, held))?;
+        one.push(installed - started);
+        one_after_put.push(installed - answered);
     }
     Ok(Figures {
         cold_one,

@@ -21,7 +21,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::Bench;
-use crate::flannel::{CALC_FLANNEL, added, binaries, dst, public_ip, vtep_mac};
+use crate::flannel::{CALC_FLANNEL, binaries, dst, public_ip, vtep_mac};
 use crate::netns;
 use crate::report::{Table, median, millis, quantile, secs};
 use crate::testbed::{FlannelCluster, Monitor, etcd, ip_json, kube as testbed_kube, run_in};
@@ -304,7 +304,7 @@ fn start_agent(c: &mut FlannelCluster, net_conf: &Path) -> Result<()> {
 /// ours added by its destination; a neighbour or FDB entry by everything
 /// up to its link-layer address.
 fn change(line: &str) -> Option<String> {
-    if added(line) {
+    if !line.starts_with("Deleted") && line.contains(" proto 80") {
         return line.split_whitespace().next().map(str::to_string);
     }
     let words: Vec<&str> = line.split_whitespace().collect();

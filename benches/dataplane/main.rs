@@ -24,6 +24,7 @@ mod netns;
 mod plot;
 mod report;
 mod resync;
+mod route_watch;
 mod rss;
 mod soak;
 mod stalls;
