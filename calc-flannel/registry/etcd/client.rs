@@ -50,8 +50,10 @@ pub enum EtcdSetupError {
 /// One unary call's limit; watches are long-lived and have none.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// Keys per page when listing, so a large network never needs one huge
-/// response.
-const PAGE: i64 = 2000;
+/// response (10,000 leases are about 2 MB). Each page costs a round trip
+/// and etcd's own work for a request: 10,000 leases came in 70 ms as five
+/// pages of 2,000 and in 45 ms as one.
+const PAGE: i64 = 10_000;
 /// How long a watch may be silent before a progress request asks its
 /// member whether it is still there, and how long the member has to
 /// answer. A member cut off from us answers nothing, and HTTP/2 pings
