@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -246,4 +247,62 @@ fn an_endpoint_that_does_not_answer_is_left_for_the_next() {
     );
     // Staying there: no call goes to the dead endpoint again.
     assert_eq!(log.matches("moving to the next").count(), 1, "{log}");
+}
+
+/// More leases than the listing reads in one page (10,000 keys): every one
+/// reaches vxmgrd, the first and the last included.
+#[test]
+fn a_listing_longer_than_one_page_is_taken_whole() {
+    let test = "a_listing_longer_than_one_page_is_taken_whole";
+    if !etcd_available(test) {
+        return;
+    }
+    const LEASES: u32 = 10_050;
+    let dst = |i: u32| format!("10.{}.{}.0/24", 1 + i / 256, i % 256);
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start(None, "127.0.0.1", dir.path()).unwrap();
+    let pairs: Vec<(String, String)> = (0..LEASES)
+        .map(|i| {
+            let key = format!("/coreos.com/network/subnets/{}", dst(i).replace('/', "-"));
+            let public = format!("172.16.{}.{}", i / 250, i % 250 + 1);
+            let value =
+                format!(r#"{{"PublicIP":"{public}","PublicIPv6":null,"BackendType":"host-gw"}}"#);
+            (key, value)
+        })
+        .collect();
+    block_on(async {
+        let mut client = etcd.client().await?;
+        client
+            .put(
+                "/coreos.com/network/config",
+                r#"{"Network": "10.0.0.0/8", "Backend": {"Type": "host-gw"}}"#,
+            )
+            .await?;
+        // etcd takes at most 128 operations in a transaction.
+        for chunk in pairs.chunks(100) {
+            client.put_all(chunk).await?;
+        }
+        Ok::<(), support::testbed::TestbedError>(())
+    })
+    .unwrap();
+
+    let daemon = Daemon::memory(&[]);
+    let agent = Agent::start(&daemon, "pages", &["--etcd-endpoints", etcd.client_url()]);
+    agent.wait_for_log("vxmgrd in sync");
+    let state = block_on(daemon.state());
+    let v4 = state.ipv4.unwrap_or_default();
+    // Leases of nodes off this node's networks wait for their address.
+    let routed: BTreeSet<String> = v4
+        .direct_routes
+        .iter()
+        .map(|r| r.dst.clone())
+        .chain(v4.waiting_routes.iter().map(|r| r.dst.clone()))
+        .collect();
+    let expected: BTreeSet<String> = (0..LEASES).map(dst).collect();
+    let missing: Vec<&String> = expected.difference(&routed).take(5).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {LEASES} leases did not reach vxmgrd, e.g. {missing:?}",
+        expected.difference(&routed).count()
+    );
 }
