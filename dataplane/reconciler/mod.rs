@@ -573,7 +573,9 @@ impl<B: KernelBackend> Reconciler<B> {
             }
         }
         // Nexthops, neighbours and FDB entries do not depend on one another:
-        // one pipelined call for all of them.
+        // one pipelined call for all of them. The ipset changes go in the
+        // same call: they take no RTNL, so the kernel makes them while the
+        // others wait for it (10,000 members took 25-43 ms after the routes).
         if self.use_nexthops {
             self.assign_nexthop_ids();
         }
@@ -585,10 +587,12 @@ impl<B: KernelBackend> Reconciler<B> {
         };
         let neighbors = self.neighbors.plan_upserts(&ctx);
         let fdb = self.fdb.plan_upserts(&ctx);
+        let (ipset_ops, ipsets) = self.plan_ipsets();
         let ops: Vec<KernelOp> = nexthops
             .ops()
             .chain(neighbors.ops())
             .chain(fdb.ops())
+            .chain(ipset_ops)
             .collect();
         if !ops.is_empty() {
             let mut results = self.backend.apply(&ops).await.into_iter();
@@ -596,6 +600,7 @@ impl<B: KernelBackend> Reconciler<B> {
             record(&mut self.nexthops, nexthops, &mut results, report);
             record(&mut self.neighbors, neighbors, &mut results, report);
             record(&mut self.fdb, fdb, &mut results, report);
+            self.record_ipsets(ipsets, &mut results, report);
         }
         // Routes go through the nexthops now in the kernel.
         let ctx = Context::new(
@@ -611,7 +616,6 @@ impl<B: KernelBackend> Reconciler<B> {
         let moved = std::mem::take(&mut self.moved_routes);
         self.delete_unused_nexthops(retired, Some(&moved), report)
             .await;
-        self.sync_ipsets(report).await;
 
         // Before InSync these let go of would-be deletes without doing them.
         let routes = self.routes.plan_deletes(self.sweep);

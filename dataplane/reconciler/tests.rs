@@ -115,6 +115,31 @@ async fn cluster_rig(nexthops: NexthopMode) -> Rig {
     programmed_rig(CLUSTER, nexthops).await
 }
 
+/// The ipset takes no RTNL: its members go in the call that carries the
+/// nexthops, neighbours and FDB entries, so the kernel adds them while the
+/// others wait for the RTNL, not after the routes.
+#[tokio::test]
+async fn ipset_members_go_with_the_nexthops_before_the_routes() {
+    let rig = cluster_rig(NexthopMode::On).await;
+    let k = rig.kernel.lock();
+    let first = |what: &str, wanted: &dyn Fn(&KernelOp) -> bool| {
+        k.log
+            .iter()
+            .position(wanted)
+            .unwrap_or_else(|| panic!("no {what} in {:?}", k.log))
+    };
+    let members = first("ipset change with members", &|op| match op {
+        KernelOp::Ipset {
+            change: IpsetChange::Replace { members } | IpsetChange::Update { add: members, .. },
+            ..
+        } => !members.is_empty(),
+        _ => false,
+    });
+    let fdb = first("FDB entry", &|op| matches!(op, KernelOp::ReplaceFdb(_)));
+    let route = first("route", &|op| matches!(op, KernelOp::AddRoute(_)));
+    assert!(fdb < members && members < route, "{:?}", k.log);
+}
+
 #[tokio::test]
 async fn programs_the_design_example_through_nexthops() {
     let rig = cluster_rig(NexthopMode::On).await;
