@@ -267,6 +267,9 @@ fn vxmgrd_build(bench: &Bench, messages: Vec<ToDataplane>, extra: &[&str]) -> Re
     })
 }
 
+/// vxmgrd's log lines shown when a replay fails.
+const LOG_TAIL: usize = 20;
+
 /// vxmgrd in a fresh namespace fed by `calc-stub replay FILE`: the time
 /// from spawning calc-stub to its printing the status whose cumulative
 /// message count covers all `total` messages.
@@ -295,10 +298,13 @@ fn calc_stub_build(file: &Path, total: u64) -> Result<Build> {
         let mut said = String::new();
         let _ = stderr.rewind();
         let _ = stderr.read_to_string(&mut said);
+        let log = daemon.log();
+        let tail: Vec<&str> = log.lines().rev().take(LOG_TAIL).collect();
         format!(
-            "calc-stub replay {} ({exit}): {}",
+            "calc-stub replay {} ({exit}): {}\nvxmgrd's last log lines:\n{}",
             file.display(),
-            said.trim()
+            said.trim(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         )
     })?;
     Ok(Build {
