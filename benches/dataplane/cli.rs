@@ -80,8 +80,9 @@ fn nodes() -> clap::builder::RangedI64ValueParser<u32> {
 #[derive(Parser, Debug)]
 #[command(name = "dataplane")]
 pub struct Cli {
-    /// Scenarios to run (default: all). Kernel scenarios need root and are
-    /// skipped without it; `rss` then measures the memory backend only.
+    /// Scenarios to run, in the order given (default: all, in the order
+    /// listed here). Kernel scenarios need root and are skipped without
+    /// it; `rss` then measures the memory backend only.
     #[arg(value_enum)]
     pub scenarios: Vec<Scenario>,
     /// Cluster sizes in nodes (× 4 blocks each) for cold, churn and rss
@@ -193,17 +194,23 @@ impl Cli {
         let pick = |value: Option<u32>, full: u32, quick: u32| {
             value.unwrap_or(if self.quick { quick } else { full })
         };
-        let mut scenarios = if self.scenarios.is_empty() {
+        let scenarios = if self.scenarios.is_empty() {
             Scenario::value_variants()
                 .iter()
                 .copied()
                 .filter(|s| !matches!(s, Scenario::Soak | Scenario::Crashloop))
                 .collect()
         } else {
-            self.scenarios.clone()
+            // In the order given: a scenario can be placed away from the
+            // after-effects of another (docs/performance.md, "The flannel
+            // cold start after 100,000 nodes"). A repeat runs once.
+            let mut seen = std::collections::BTreeSet::new();
+            self.scenarios
+                .iter()
+                .copied()
+                .filter(|s| seen.insert(*s))
+                .collect()
         };
-        scenarios.sort();
-        scenarios.dedup();
         let default_sizes = if self.quick {
             vec![1000, 5000]
         } else {
