@@ -29,15 +29,29 @@ struct Point {
 pub fn run(bench: &Bench) -> Result<()> {
     let scripts = tempfile::tempdir()?;
     let mut points = Vec::new();
+    // A size that fails ends the growth, and the sizes before it are
+    // still printed and drawn: the largest size that works is a figure.
+    let mut failed = None;
     for &nodes in &bench.settings.growth_sizes {
-        points.push(measure(bench, nodes, scripts.path())?);
+        match measure(bench, nodes, scripts.path()) {
+            Ok(point) => points.push(point),
+            Err(e) => {
+                failed = Some(e.context(format!("{nodes} nodes")));
+                break;
+            }
+        }
         eprintln!("growth: {nodes} nodes done");
     }
-    print(&points);
-    let path = &bench.settings.growth_plot;
-    crate::plot::write(path, &caption(), &panels(&points))?;
-    println!("  plot: {}", path.display());
-    Ok(())
+    if !points.is_empty() {
+        print(&points);
+        let path = &bench.settings.growth_plot;
+        crate::plot::write(path, &caption(), &panels(&points))?;
+        println!("  plot: {}", path.display());
+    }
+    match failed {
+        Some(e) => Err(e.context("larger sizes not measured")),
+        None => Ok(()),
+    }
 }
 
 fn measure(bench: &Bench, nodes: u32, scripts: &Path) -> Result<Point> {
