@@ -269,13 +269,15 @@ fn vxmgrd_build(bench: &Bench, messages: Vec<ToDataplane>, extra: &[&str]) -> Re
 
 /// vxmgrd's log lines shown when a replay fails.
 const LOG_TAIL: usize = 20;
+/// How long vxmgrd is watched after a replay fails, before it is stopped.
+const DAEMON_GRACE: Duration = Duration::from_secs(3);
 
 /// vxmgrd in a fresh namespace fed by `calc-stub replay FILE`: the time
 /// from spawning calc-stub to its printing the status whose cumulative
 /// message count covers all `total` messages.
 fn calc_stub_build(file: &Path, total: u64) -> Result<Build> {
     let netns = Netns::with_underlay()?;
-    let daemon = Vxmgrd::netlink(&netns, &[])?;
+    let mut daemon = Vxmgrd::netlink(&netns, &[])?;
     let mut stderr = tempfile::tempfile()?;
     let started = Instant::now();
     let mut child = Command::new(CALC_STUB)
@@ -294,19 +296,25 @@ fn calc_stub_build(file: &Path, total: u64) -> Result<Build> {
         let _ = child.kill();
     }
     let exit = child.wait()?;
-    let (time, all_ok) = covered.with_context(|| {
-        let mut said = String::new();
-        let _ = stderr.rewind();
-        let _ = stderr.read_to_string(&mut said);
-        let log = daemon.log();
-        let tail: Vec<&str> = log.lines().rev().take(LOG_TAIL).collect();
-        format!(
-            "calc-stub replay {} ({exit}): {}\nvxmgrd's last log lines:\n{}",
-            file.display(),
-            said.trim(),
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )
-    })?;
+    let (time, all_ok) = match covered {
+        Ok(covered) => covered,
+        Err(e) => {
+            let mut said = String::new();
+            let _ = stderr.rewind();
+            let _ = stderr.read_to_string(&mut said);
+            // What vxmgrd logs, or whether it exits, just after the client
+            // failed is read before it is stopped.
+            let state = daemon.state_after(DAEMON_GRACE);
+            let log = daemon.log();
+            let tail: Vec<&str> = log.lines().rev().take(LOG_TAIL).collect();
+            return Err(e.context(format!(
+                "calc-stub replay {} ({exit}): {}\n{state}; its last log lines:\n{}",
+                file.display(),
+                said.trim(),
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            )));
+        }
+    };
     Ok(Build {
         time,
         routes: kernel_routes(&netns)?,

@@ -81,6 +81,22 @@ impl Vxmgrd {
         std::fs::read_to_string(self.dir.path().join("vxmgrd.log")).unwrap_or_default()
     }
 
+    /// Whether vxmgrd has exited, waiting up to `wait` for it to: after a
+    /// client's failure, what the daemon did next tells whose fault it was.
+    pub fn state_after(&mut self, wait: Duration) -> String {
+        let deadline = Instant::now() + wait;
+        loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => return format!("vxmgrd exited ({status})"),
+                Ok(None) if Instant::now() >= deadline => {
+                    return format!("vxmgrd still running {wait:?} later");
+                }
+                Ok(None) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => return format!("vxmgrd's state unknown: {e}"),
+            }
+        }
+    }
+
     /// Resident memory (VmRSS), in bytes.
     pub fn rss_bytes(&self) -> Result<u64> {
         rss_bytes(self.child.id())
