@@ -32,6 +32,25 @@ pub type StateQuery = oneshot::Sender<DataplaneState>;
 /// considered stuck.
 pub const RESPONSE_BUFFER: usize = 4096;
 
+/// What a client may send on one stream before the server reads it: the
+/// bound on what a Sync stream holds while the manager is busy.
+const STREAM_WINDOW: u32 = 1 << 20;
+
+/// The HTTP/2 layer ends a connection (GOAWAY ENHANCE_YOUR_CALM,
+/// "too_many_data_frames") once the DATA frames it holds unread cost more
+/// than half the connection window, each frame costing 256 bytes less its
+/// payload. Felix, grpcio and tonic send a frame per message, often under
+/// 100 bytes, and a Sync stream goes unread while the manager is busy: with
+/// a connection window of one stream window, a few thousand such frames
+/// ended a replay of 100,000 nodes. At 256 stream windows, one stream's
+/// full window in frames of 2 bytes or more stays within that budget.
+const CONNECTION_WINDOW: u32 = 256 * STREAM_WINDOW;
+
+/// Streams open at once on a connection: with [`CONNECTION_WINDOW`] this
+/// bounds what one connection can make the server hold. A calc process,
+/// grpcurl or a health check uses one or two.
+const MAX_STREAMS: u32 = 16;
+
 pub struct DataplaneService {
     engine: mpsc::Sender<EngineInput>,
     queries: mpsc::Sender<StateQuery>,
@@ -224,6 +243,9 @@ pub async fn serve(
         .expect("descriptor sets built from proto/ are valid");
     info!("serving gRPC");
     tonic::transport::Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_concurrent_streams(MAX_STREAMS)
         .add_service(DataplaneServer::new(service).max_decoding_message_size(MAX_MESSAGE_BYTES))
         .add_service(health)
         .add_service(reflection_v1)
